@@ -1,0 +1,31 @@
+// swift-tools-version:5.9
+import PackageDescription
+
+let package = Package(
+    name: "jobserver",
+    platforms: [.macOS(.v13)],
+    products: [
+        .executable(name: "jobserver", targets: ["JobServer"]),
+        .library(name: "HTTPServer", targets: ["HTTPServer"]),
+        .library(name: "JobCore", targets: ["JobCore"]),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CCurl",
+            pkgConfig: "libcurl",
+            providers: [.apt(["libcurl4-openssl-dev"])]
+        ),
+        .systemLibrary(
+            name: "CSQLite",
+            pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]
+        ),
+        .target(name: "HTTPServer"),
+        .target(name: "JobCore", dependencies: ["CCurl", "CSQLite"], linkerSettings: [.linkedLibrary("m")]),
+        .executableTarget(name: "JobServer", dependencies: ["HTTPServer", "JobCore"]),
+        .target(name: "TestSupport", dependencies: ["JobCore"], path: "Tests/TestSupport"),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
+        .testTarget(name: "JobCoreTests", dependencies: ["JobCore", "TestSupport"]),
+        .testTarget(name: "JobServerTests", dependencies: ["JobCore", "TestSupport"]),
+    ]
+)

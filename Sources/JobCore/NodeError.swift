@@ -1,0 +1,60 @@
+/// The kinds of failure a node or job can end with (API.md §1.3).
+public enum ErrorKind: String, Sendable, CaseIterable {
+    case httpStatus = "http_status"
+    case timeout
+    case connect
+    case dns
+    case tls
+    case tooLarge = "too_large"
+    case invalidJSON = "invalid_json"
+    case cancelled
+    case allFailed = "all_failed"
+    case interrupted
+    case `internal`
+}
+
+/// A node's or job's failure, as clients see it:
+/// `{"kind": …, "message": …, "node": …, "status": …, "errors": […]}`.
+public struct NodeError: Error, Equatable, Sendable, CustomStringConvertible {
+    public var kind: ErrorKind
+    public var message: String
+    /// The id of the node that failed first; filled in by the engine.
+    public var node: String?
+    /// The HTTP status, for `http_status`.
+    public var status: Int?
+    /// Each child's error in child order, for `all_failed`.
+    public var errors: [NodeError]?
+
+    public init(_ kind: ErrorKind, _ message: String, node: String? = nil, status: Int? = nil, errors: [NodeError]? = nil) {
+        self.kind = kind
+        self.message = message
+        self.node = node
+        self.status = status
+        self.errors = errors
+    }
+
+    public var description: String { "\(kind.rawValue): \(message)" }
+
+    /// The error object of the API.
+    public var json: JSONValue {
+        var members = [JSONMember("kind", .string(kind.rawValue)), JSONMember("message", .string(message))]
+        if let node { members.append(JSONMember("node", .string(node))) }
+        if let status { members.append(JSONMember("status", .int(status))) }
+        if let errors { members.append(JSONMember("errors", .array(errors.map(\.json)))) }
+        return .object(members)
+    }
+
+    /// Reads an error object written by `json`; `nil` if it is not one.
+    public init?(json: JSONValue) {
+        guard let kindText = json["kind"]?.stringValue, let kind = ErrorKind(rawValue: kindText) else { return nil }
+        self.kind = kind
+        self.message = json["message"]?.stringValue ?? ""
+        self.node = json["node"]?.stringValue
+        self.status = json["status"]?.intValue
+        if let list = json["errors"]?.arrayValue {
+            self.errors = list.compactMap { NodeError(json: $0) }
+        } else {
+            self.errors = nil
+        }
+    }
+}

@@ -1,0 +1,4 @@
+import JobCore
+import HTTPServer
+
+print("jobserver: not yet serving")

@@ -1,0 +1,5 @@
+import XCTest
+
+final class JobServerPlaceholderTests: XCTestCase {
+    func testNothingYet() {}
+}
