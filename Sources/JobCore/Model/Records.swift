@@ -1,0 +1,156 @@
+/// The state of a node, and of a job (a job's state is its root's).
+public enum NodeState: String, Sendable, CaseIterable {
+    case pending, running, succeeded, failed, cancelled, skipped
+
+    /// True once the node can change no more.
+    public var isSettled: Bool {
+        switch self {
+        case .pending, .running: return false
+        case .succeeded, .failed, .cancelled, .skipped: return true
+        }
+    }
+}
+
+/// How many nodes of a job are in each state (API.md §1.4).
+public struct Progress: Equatable, Sendable {
+    public var total = 0
+    public var pending = 0
+    public var running = 0
+    public var succeeded = 0
+    public var failed = 0
+    public var cancelled = 0
+    public var skipped = 0
+
+    public init() {}
+
+    /// Settled nodes.
+    public var done: Int { succeeded + failed + cancelled + skipped }
+
+    /// `done` as a percentage of `total`, one decimal.
+    public var percent: Double {
+        guard total > 0 else { return 0 }
+        return (Double(done) * 1000 / Double(total)).rounded() / 10
+    }
+
+    /// Moves one node from one state's count to another's.
+    public mutating func move(from old: NodeState?, to new: NodeState) {
+        if let old { self[old] -= 1 } else { total += 1 }
+        self[new] += 1
+    }
+
+    public subscript(state: NodeState) -> Int {
+        get {
+            switch state {
+            case .pending: return pending
+            case .running: return running
+            case .succeeded: return succeeded
+            case .failed: return failed
+            case .cancelled: return cancelled
+            case .skipped: return skipped
+            }
+        }
+        set {
+            switch state {
+            case .pending: pending = newValue
+            case .running: running = newValue
+            case .succeeded: succeeded = newValue
+            case .failed: failed = newValue
+            case .cancelled: cancelled = newValue
+            case .skipped: skipped = newValue
+            }
+        }
+    }
+}
+
+/// A job as stored: everything `GET /v1/jobs/{id}` shows, plus the submitted
+/// request it was built from. Times are milliseconds since the Unix epoch.
+public struct JobRecord: Equatable, Sendable {
+    public var id: String
+    public var name: String?
+    public var state: NodeState
+    public var createdAt: Int64
+    public var startedAt: Int64?
+    public var finishedAt: Int64?
+    /// The submitted body of `POST /v1/jobs`, as received; the graph is rebuilt from it on restart.
+    public var request: JSONValue
+    public var metadata: JSONValue?
+    public var deadlineMs: Int?
+    public var result: JSONValue?
+    public var error: NodeError?
+    public var version: Int64
+    public var progress: Progress
+
+    public init(
+        id: String, name: String? = nil, state: NodeState = .pending, createdAt: Int64, startedAt: Int64? = nil,
+        finishedAt: Int64? = nil, request: JSONValue, metadata: JSONValue? = nil, deadlineMs: Int? = nil,
+        result: JSONValue? = nil, error: NodeError? = nil, version: Int64 = 1, progress: Progress = Progress()
+    ) {
+        self.id = id
+        self.name = name
+        self.state = state
+        self.createdAt = createdAt
+        self.startedAt = startedAt
+        self.finishedAt = finishedAt
+        self.request = request
+        self.metadata = metadata
+        self.deadlineMs = deadlineMs
+        self.result = result
+        self.error = error
+        self.version = version
+        self.progress = progress
+    }
+}
+
+/// A node as stored (API.md §2, `GET /v1/jobs/{id}/nodes`).
+public struct NodeRecord: Equatable, Sendable {
+    public var jobID: String
+    public var id: String
+    /// The parent's id; `nil` for the root.
+    public var parent: String?
+    /// Position in tree (pre-)order, the root at 0.
+    public var position: Int
+    /// `fetch`, `list` or `sequence`.
+    public var type: String
+    public var state: NodeState
+    public var attempts: Int
+    public var startedAt: Int64?
+    public var finishedAt: Int64?
+    public var elapsedMs: Int?
+    /// The HTTP status of a fetch's last response.
+    public var status: Int?
+    public var error: NodeError?
+    public var recovered: Bool
+    public var result: JSONValue?
+
+    public init(
+        jobID: String, id: String, parent: String?, position: Int, type: String, state: NodeState = .pending,
+        attempts: Int = 0, startedAt: Int64? = nil, finishedAt: Int64? = nil, elapsedMs: Int? = nil,
+        status: Int? = nil, error: NodeError? = nil, recovered: Bool = false, result: JSONValue? = nil
+    ) {
+        self.jobID = jobID
+        self.id = id
+        self.parent = parent
+        self.position = position
+        self.type = type
+        self.state = state
+        self.attempts = attempts
+        self.startedAt = startedAt
+        self.finishedAt = finishedAt
+        self.elapsedMs = elapsedMs
+        self.status = status
+        self.error = error
+        self.recovered = recovered
+        self.result = result
+    }
+}
+
+/// A fetch node's raw response body, kept for `GET …/nodes/{node}/body`.
+public struct StoredBody: Equatable, Sendable {
+    public var contentType: String?
+    public var bytes: [UInt8]
+
+    public init(contentType: String?, bytes: [UInt8]) {
+        self.contentType = contentType
+        self.bytes = bytes
+    }
+}
