@@ -1,0 +1,88 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A small structured logger: one JSON object a line, to standard error by
+/// default, so a log shipper can read it. Passed in, never global.
+public struct Logger: Sendable {
+    /// How much to say.
+    public enum Level: Int, Sendable, Comparable {
+        case debug = 0, info, warning, error
+        var name: String { ["debug", "info", "warning", "error"][rawValue] }
+        public static func < (a: Level, b: Level) -> Bool { a.rawValue < b.rawValue }
+    }
+
+    public var label: String
+    public var minimumLevel: Level
+    private let sink: @Sendable ([UInt8]) -> Void
+
+    /// A logger writing to standard error.
+    public init(label: String, minimumLevel: Level = .info) {
+        self.init(label: label, minimumLevel: minimumLevel) { line in
+            line.withUnsafeBytes { raw in _ = write(2, raw.baseAddress, raw.count) }
+        }
+    }
+
+    /// A logger writing each finished line (with its newline) to `sink`.
+    public init(label: String, minimumLevel: Level = .info, sink: @escaping @Sendable ([UInt8]) -> Void) {
+        self.label = label
+        self.minimumLevel = minimumLevel
+        self.sink = sink
+    }
+
+    /// A logger that drops everything.
+    public static let disabled = Logger(label: "", minimumLevel: .error) { _ in }
+
+    public func debug(_ message: String, _ fields: KeyValuePairs<String, JSONValue> = [:]) { log(.debug, message, fields) }
+    public func info(_ message: String, _ fields: KeyValuePairs<String, JSONValue> = [:]) { log(.info, message, fields) }
+    public func warning(_ message: String, _ fields: KeyValuePairs<String, JSONValue> = [:]) { log(.warning, message, fields) }
+    public func error(_ message: String, _ fields: KeyValuePairs<String, JSONValue> = [:]) { log(.error, message, fields) }
+
+    /// Writes `{"ts":…,"level":…,"logger":…,"msg":…, fields…}` if `level` is enabled.
+    public func log(_ level: Level, _ message: String, _ fields: KeyValuePairs<String, JSONValue>) {
+        guard level >= minimumLevel else { return }
+        var members = [
+            JSONMember("ts", .string(Timestamp.format(Timestamp.nowMs()))),
+            JSONMember("level", .string(level.name)),
+            JSONMember("logger", .string(label)),
+            JSONMember("msg", .string(message)),
+        ]
+        for (key, value) in fields { members.append(JSONMember(key, value)) }
+        var line = JSONValue.object(members).bytes
+        line.append(0x0A)
+        sink(line)
+    }
+}
+
+/// Wall-clock times as milliseconds since the Unix epoch, and their RFC 3339 form.
+public enum Timestamp {
+    /// Now, in milliseconds since the epoch.
+    public static func nowMs() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+    }
+
+    /// A monotonic clock in milliseconds, for measuring durations.
+    public static func monotonicMs() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
+    }
+
+    /// `2026-12-02T08:11:28.123Z`.
+    public static func format(_ ms: Int64) -> String {
+        var seconds = time_t(ms / 1000)
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        func pad(_ v: Int32, _ width: Int) -> String {
+            let s = String(v)
+            return String(repeating: "0", count: max(0, width - s.count)) + s
+        }
+        let millis = Int32(ms % 1000)
+        return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
+            + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2)).\(pad(millis, 3))Z"
+    }
+}
