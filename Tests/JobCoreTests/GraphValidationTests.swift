@@ -203,4 +203,54 @@ final class GraphValidationTests: XCTestCase {
             ValidationIssue(pointer: "/graph/url", message: "scheme must be http or https").description,
             "graph.url: scheme must be http or https")
     }
+
+    func testRefusedIdCausesNoFalseDuplicate() {
+        let body = #"{"graph":{"type":"list","children":[{"id":"root.1","type":"fetch","url":"http://a/"},{"id":"bad id","type":"fetch","url":"http://a/"}]}}"#
+        XCTAssertEqual(issues(body).map(\.pointer), ["/graph/children/1/id"])
+    }
+
+    func testEveryDuplicateIdIsReportedAtItsLaterOccurrence() {
+        let leaf = #""type":"fetch","url":"http://a/""#
+        let body = #"{"graph":{"type":"sequence","children":[{"id":"a",\#(leaf)},{"id":"a",\#(leaf)},{"id":"a",\#(leaf)}]}}"#
+        let found = issues(body)
+        XCTAssertEqual(found.map(\.pointer), ["/graph/children/1/id", "/graph/children/2/id"])
+        XCTAssertTrue(found.allSatisfy { $0.message.contains("/graph/children/0") }, "\(found)")
+    }
+
+    func testUrlsThatAreAccepted() throws {
+        let urls = [
+            "http://a", "https://api.local/profile", "HTTP://EXAMPLE.com:8443/a/b?c=d&e=%20#frag", "http://[::1]:8080/x",
+            "http://user:pw@127.0.0.1:1/", "https://xn--bcher-kva.example/", "http://a.b-c_d~e/?q=[1]",
+        ]
+        for url in urls {
+            let body = #"{"graph":{"type":"fetch","url":"\#(url)"}}"#
+            XCTAssertEqual(try JobSpec.parse(try JSONValue.parse(body)).graph.root.fetchRequest?.url, url)
+        }
+    }
+
+    func testUrlsThatAreRefused() {
+        let table: [(String, String)] = [
+            ("http://a:/", "port"), ("http://a:0/", "port"), ("http://a:8o/", "port"), ("http://[::1/", "invalid host"),
+            ("http://a<b/", "invalid host"), (#"http://caf\u00e9.fr/"#, "ASCII"), ("mailto:x@y", "scheme"),
+            ("javascript:alert(1)", "scheme"), ("", "absolute"), ("://a/", "absolute"), ("http//a/", "absolute"),
+            (#"http://a/\t"#, "white space"), (#"http://a/\u007f"#, "control"),
+        ]
+        for (url, fragment) in table {
+            let found = issues(#"{"graph":{"type":"fetch","url":"\#(url)"}}"#)
+            XCTAssertEqual(found.first?.pointer, "/graph/url", url)
+            XCTAssertTrue(found.first?.message.contains(fragment) == true, "\(url): \(found)")
+        }
+    }
+
+    func testResponseBodyCarriesTheFirstIssueAndAllIssues() {
+        let error = ValidationError(issues: [
+            ValidationIssue(pointer: "/graph/children/2/url", message: "scheme must be http or https"),
+            ValidationIssue(pointer: "/name", message: "must be a string"),
+        ])
+        XCTAssertEqual(
+            error.responseBody.text,
+            #"{"error":{"code":"invalid_graph","message":"graph.children[2].url: scheme must be http or https","#
+                + #""path":"/graph/children/2/url","issues":[{"path":"/graph/children/2/url","#
+                + #""message":"scheme must be http or https"},{"path":"/name","message":"must be a string"}]}}"#)
+    }
 }

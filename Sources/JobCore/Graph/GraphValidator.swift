@@ -130,6 +130,15 @@ struct GraphValidator {
 
     // MARK: - The tree
 
+    /// Where a node's id came from, for the uniqueness check.
+    private enum IDSource {
+        case defaultPath
+        /// Given in the body, at this document position.
+        case explicit(key: [Int])
+        /// Given but refused.
+        case invalid
+    }
+
     private struct Frame {
         var value: JSONValue
         var pointer: String
@@ -171,11 +180,13 @@ struct GraphValidator {
                 kind: .sequence(SequenceOptions()))
             var children: [JSONValue] = []
             var childrenKey: [Int] = []
-            var explicitIDKey: [Int]?
-            checkNode(frame, into: &node, explicitIDKey: &explicitIDKey, children: &children, childrenKey: &childrenKey)
+            var idSource = IDSource.defaultPath
+            checkNode(frame, into: &node, idSource: &idSource, children: &children, childrenKey: &childrenKey)
 
-            if let owner = idOwners[node.id] {
-                if let idKey = explicitIDKey {
+            if case .invalid = idSource {
+                // Its id is already reported; checking the default in its place could only add a false duplicate.
+            } else if let owner = idOwners[node.id] {
+                if case .explicit(let idKey) = idSource {
                     issues.add(
                         frame.pointer + "/id", "duplicate id \"\(node.id)\": already used by the node at \(owner)",
                         key: idKey)
@@ -205,7 +216,7 @@ struct GraphValidator {
 
     /// Checks one node's own fields; hands back its children (unchecked) for the walk.
     private mutating func checkNode(
-        _ frame: Frame, into node: inout GraphNode, explicitIDKey: inout [Int]?, children: inout [JSONValue],
+        _ frame: Frame, into node: inout GraphNode, idSource: inout IDSource, children: inout [JSONValue],
         childrenKey: inout [Int]
     ) {
         let base = frame.pointer
@@ -248,7 +259,9 @@ struct GraphValidator {
             case "id":
                 if let id = checkID(value, pointer, key) {
                     node.id = id
-                    explicitIDKey = key
+                    idSource = .explicit(key: key)
+                } else {
+                    idSource = .invalid
                 }
                 continue
             case "timeout_ms":
@@ -336,9 +349,9 @@ struct GraphValidator {
     }
 
     private mutating func checkID(_ value: JSONValue, _ pointer: String, _ key: [Int]) -> String? {
-        let message = "must be 1 to \(GraphValidator.maxIDLength) characters from A-Z a-z 0-9 _ . -"
+        let rule = "1 to \(GraphValidator.maxIDLength) characters from A-Z a-z 0-9 _ . -"
         guard case .string(let id) = value else {
-            issues.add(pointer, "must be a string: \(message.dropFirst(8))", key: key)
+            issues.add(pointer, "must be a string of \(rule)", key: key)
             return nil
         }
         let valid =
@@ -348,7 +361,7 @@ struct GraphValidator {
                     || c == 0x2E || c == 0x2D
             }
         guard valid else {
-            issues.add(pointer, message, key: key)
+            issues.add(pointer, "must be \(rule)", key: key)
             return nil
         }
         return id
@@ -361,7 +374,6 @@ struct GraphValidator {
         var url: String?
         var urlValid = false
         var method: String?
-        var methodPosition: (pointer: String, key: [Int])?
         var headers: [(name: String, value: String)] = []
         var body: FetchRequest.Body?
         var bodyPosition: (pointer: String, key: [Int])?

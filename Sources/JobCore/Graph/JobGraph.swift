@@ -18,7 +18,8 @@
 // - Default ids are the positional path (`root.1.0`) even under a node with
 //   an explicit id. An id collision (explicit against explicit or default) is
 //   reported at the later node in pre-order: at its `/id`, or at the node
-//   itself when the later one is using its default id.
+//   itself when the later one is using its default id. A node whose explicit
+//   id is refused takes no part in the uniqueness check.
 // - Depth: only the first node deeper than `maxDepth` is reported, and no
 //   node past the limit is looked into. Node count: the first node past
 //   `maxNodes` in pre-order is reported and the walk stops. Nodes past the
@@ -28,7 +29,7 @@
 // - URL: printable ASCII only (no raw non-ASCII, white space or control
 //   characters), ≤ 8192 bytes, scheme http/https in any case, `//` authority
 //   with a non-empty host (reg-name or bracketed IPv6), optional port
-//   1–65535; user info is allowed. Other schemes: "scheme must be http or https".
+//   1–65535 (an empty port after `:` is refused); user info is allowed. Other schemes: "scheme must be http or https".
 // - `headers`: names are RFC 9110 tokens; `Content-Length` and
 //   `Transfer-Encoding` are refused (libcurl sets them from the body);
 //   values may not hold CR, LF or NUL.
@@ -303,5 +304,27 @@ public struct JobSpec: Equatable, Sendable {
         if let error = validator.issues.finish() { throw error }
         guard let spec else { throw ValidationError(issues: [ValidationIssue(pointer: "", message: "invalid job")]) }
         return spec
+    }
+}
+
+extension ValidationIssue {
+    /// `{"path": …, "message": …}`, one entry of the `issues` array in the 422 answer.
+    public var jsonValue: JSONValue {
+        .object(["path": .string(pointer), "message": .string(message)])
+    }
+}
+
+extension ValidationError {
+    /// The `422 invalid_graph` answer body of API.md §3: `message` and `path` from the first issue, and every
+    /// issue under `issues`.
+    public var responseBody: JSONValue {
+        .object([
+            "error": .object([
+                "code": "invalid_graph",
+                "message": .string(first.description),
+                "path": .string(first.pointer),
+                "issues": .array(issues.map(\.jsonValue)),
+            ])
+        ])
     }
 }
