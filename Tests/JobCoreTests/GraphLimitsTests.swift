@@ -140,4 +140,22 @@ final class GraphLimitsTests: XCTestCase {
         }
         XCTAssertNil(compactSize(.object(["k": .string(String(repeating: "x", count: 100))]), limit: 50))
     }
+
+    func testMillionChildrenAreRefusedQuicklyAtTheFirstOverTheLimit() {
+        let body: JSONValue = .object(["graph": Self.list(Array(repeating: .object([]), count: 1_000_000))])
+        let start = ContinuousClock.now
+        let found = issues(body)
+        let elapsed = ContinuousClock.now - start
+        XCTAssertLessThan(elapsed, .seconds(2), "took \(elapsed)")
+        // The first 10,000 are each missing a type; the cap on issues stops the walk first.
+        XCTAssertEqual(found.count, 101)
+        XCTAssertEqual(found.first?.pointer, "/graph/children/0/type")
+    }
+
+    func testWideTreeOverTheLimitIsReportedOnceAtTheRightNode() {
+        var limits = GraphLimits()
+        limits.maxNodes = 50
+        let body: JSONValue = .object(["graph": Self.list(Array(repeating: Self.leaf, count: 100_000))])
+        XCTAssertEqual(issues(body, limits: limits).map(\.pointer), ["/graph/children/49"])
+    }
 }

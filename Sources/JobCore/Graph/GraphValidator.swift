@@ -202,8 +202,12 @@ struct GraphValidator {
             }
             nodes.append(node)
 
+            // Each child is at least one node, so the node past `maxNodes` is among the first `budget + 1`
+            // children; pushing no more keeps a body of a million tiny children cheap to refuse.
+            let budget = max(0, limits.maxNodes - nodes.count)
+            let pushed = children.indices.prefix(budget + 1)
             // Reverse, so that children come off the stack in order.
-            for position in children.indices.reversed() {
+            for position in pushed.reversed() {
                 stack.append(
                     Frame(
                         value: children[position], pointer: frame.pointer + "/children/\(position)",
