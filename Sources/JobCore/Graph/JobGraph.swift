@@ -128,6 +128,7 @@ public struct ValidationError: Error, Equatable, Sendable, CustomStringConvertib
     /// The first issue, which the API's single-error answer (`path`, `message`) reports.
     public var first: ValidationIssue { issues.first ?? ValidationIssue(pointer: "", message: "invalid job") }
 
+    /// Every issue as `location: message`, joined with `; `.
     public var description: String { issues.map(\.description).joined(separator: "; ") }
 }
 
@@ -260,6 +261,7 @@ public struct JobGraph: Equatable, Sendable {
         return (index + 1)..<end
     }
 
+    /// Graphs are equal when their nodes are; the id index is derived from them.
     public static func == (a: JobGraph, b: JobGraph) -> Bool { a.nodes == b.nodes }
 
     private static func makeIndex(_ nodes: [GraphNode]) -> [String: Int] {
