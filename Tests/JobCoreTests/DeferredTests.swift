@@ -826,3 +826,46 @@ final class DeferredTests: XCTestCase {
     }
     #endif
 }
+
+extension DeferredTests {
+    func testCancelledObserverFailsAtOnceAndIgnoresTheSource() throws {
+        let source = Deferred()
+        let observer = Deferred.observing(source)
+        var seen: Failure?
+        observer.fail { failure in
+            seen = failure
+            return failure
+        }
+        observer.cancel()
+        XCTAssertEqual(seen?.isCancellation, true)
+        XCTAssertFalse(observer.isPaused)
+        try source.takeResult("source")
+        XCTAssertEqual((observer.result as? Failure)?.isCancellation, true)
+        XCTAssertEqual(source.result as? String, "source")
+    }
+
+    func testDirectlyFiredNotifyTargetKeepsItsValue() throws {
+        let source = Deferred()
+        let target = Deferred()
+        source.notify(target)
+        var trace: [String] = []
+        target.then { result in
+            trace.append(result as? String ?? "?")
+            return result
+        }
+        try target.takeResult("direct")
+        try source.takeResult("source")
+        XCTAssertEqual(trace, ["direct"])
+        XCTAssertThrowsError(try target.takeResult("again")) { XCTAssertEqual($0 as? DeferredError, .alreadyCalled) }
+    }
+
+    func testTimeoutOnObserverFiresWithoutTouchingTheSource() {
+        struct TimedOut: Error {}
+        let clock = ManualScheduler()
+        let source = Deferred()
+        let observer = Deferred.observing(source).timeout(afterMilliseconds: 5, scheduler: clock) { TimedOut() }
+        clock.advance(byMilliseconds: 5)
+        XCTAssertTrue((observer.result as? Failure)?.error is TimedOut)
+        XCTAssertFalse(source.isCalled)
+    }
+}
