@@ -198,3 +198,25 @@ final class TimeoutTests: XCTestCase {
         }
     }
 }
+
+extension TimeoutTests {
+    func testManualSchedulerRunsManyTimersInOrder() {
+        let clock = ManualScheduler()
+        var fired: [Int] = []
+        var tokens: [Cancellable] = []
+        // Delays in a scrambled order; every third one cancelled.
+        for index in 0..<20_000 {
+            let delay = (index * 7_919) % 20_000
+            tokens.append(clock.schedule(afterMilliseconds: delay) { fired.append(delay) })
+        }
+        for index in stride(from: 0, to: 20_000, by: 3) {
+            tokens[index].cancel()
+            tokens[index].cancel()
+        }
+        XCTAssertEqual(clock.pendingCount, 20_000 - 6_667)
+        clock.advance(byMilliseconds: 20_000)
+        XCTAssertEqual(fired.count, 20_000 - 6_667)
+        XCTAssertEqual(fired, fired.sorted())
+        XCTAssertEqual(clock.pendingCount, 0)
+    }
+}
