@@ -12,7 +12,8 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
   /delay/{ms}            sleeps ms, then 200 {"delayed_ms":ms}; a client that
                          disconnects meanwhile is recorded in /stats disconnects
   /bytes/{n}             n bytes application/octet-stream, streamed in 64 KiB
-                         chunks; ?type=T overrides the content type
+                         chunks; ?type=T overrides the content type; ?chunked=1
+                         sends it chunked, without Content-Length
   /text                  text/plain; charset=utf-8 "hello, world"
   /invalid-json          application/json body {"broken":
   /hang                  answers nothing; waits until the client disconnects
@@ -226,7 +227,7 @@ class Handler(BaseHTTPRequestHandler):
             if self.wait(ms / 1000.0, path):
                 self.send_json(200, {"delayed_ms": ms})
         elif segments[1] == "bytes" and arg.isdigit():
-            self.send_bytes(int(arg), query.get("type", "application/octet-stream"))
+            self.send_bytes(int(arg), query.get("type", "application/octet-stream"), query.get("chunked") == "1")
         elif path == "/text":
             self.send_body(200, b"hello, world", "text/plain; charset=utf-8")
         elif path == "/invalid-json":
@@ -266,10 +267,13 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_json(404, {"status": 404, "path": path})
 
-    def send_bytes(self, n, content_type):
+    def send_bytes(self, n, content_type, chunked):
         self.send_response(200)
         self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(n))
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(n))
         self.end_headers()
         if self.command == "HEAD":
             return
@@ -277,8 +281,13 @@ class Handler(BaseHTTPRequestHandler):
         left = n
         while left > 0:
             piece = chunk if left >= len(chunk) else chunk[:left]
-            self.wfile.write(piece)
+            if chunked:
+                self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+            else:
+                self.wfile.write(piece)
             left -= len(piece)
+        if chunked:
+            self.wfile.write(b"0\r\n\r\n")
 
     def count(self, key, query, path):
         with STATS.lock:
