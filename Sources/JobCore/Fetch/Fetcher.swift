@@ -271,6 +271,9 @@ final class FetchLoop: @unchecked Sendable {
     private var closed = false
     private var counters = FetcherStats()
     private var thread: pthread_t?
+    /// The fetcher's thread once it runs: work queued from it needs no wakeup,
+    /// since the loop drains the queue before it polls again.
+    private var loopThread: pthread_t?
 
     // The fetcher's thread only.
     private var running: [ObjectIdentifier: Transfer] = [:]
@@ -321,7 +324,7 @@ final class FetchLoop: @unchecked Sendable {
             guard !stopping else { return false }
             incoming.append(transfer)
             counters.inFlight += 1
-            curl_multi_wakeup(multi)
+            wakeUnlessOnLoopThread()
             return true
         }
         if !accepted {
@@ -338,8 +341,14 @@ final class FetchLoop: @unchecked Sendable {
             guard !closed, !transfer.cancelRequested else { return }
             transfer.cancelRequested = true
             cancels.append(transfer)
-            curl_multi_wakeup(multi)
+            wakeUnlessOnLoopThread()
         }
+    }
+
+    /// Called with the mutex held.
+    private func wakeUnlessOnLoopThread() {
+        if let loopThread, pthread_equal(loopThread, pthread_self()) != 0 { return }
+        curl_multi_wakeup(multi)
     }
 
     func shutdown() {
@@ -363,6 +372,7 @@ final class FetchLoop: @unchecked Sendable {
 
     private func run() {
         var stillRunning: Int32 = 0
+        mutex.withLock { loopThread = pthread_self() }
         while true {
             let (starts, cancelled, stop) = mutex.withLock { () -> ([Transfer], [Transfer], Bool) in
                 defer {
@@ -379,7 +389,9 @@ final class FetchLoop: @unchecked Sendable {
             curl_multi_perform(multi, &stillRunning)
             collectFinished()
 
-            var waitMs = 1000
+            // Completions may have queued work without a wakeup: go round again at once.
+            let queued = mutex.withLock { !incoming.isEmpty || !cancels.isEmpty }
+            var waitMs = queued ? 0 : 1000
             var curlTimeout = -1
             curl_multi_timeout(multi, &curlTimeout)
             if curlTimeout >= 0 { waitMs = min(waitMs, curlTimeout) }
