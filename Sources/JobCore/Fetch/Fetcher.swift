@@ -105,8 +105,10 @@ final class Transfer {
     let method: String
     let timeoutMs: Int?
     let maxBytes: Int
-    let onAttempt: (@Sendable (Int) -> Void)?
-    let completion: @Sendable (FetchOutcome) -> Void
+    // Dropped once the transfer completes, so a closure that captures the
+    // transfer's handle does not keep both alive.
+    var onAttempt: (@Sendable (Int) -> Void)?
+    var completion: (@Sendable (FetchOutcome) -> Void)?
     let startedMs: Int64
     let denyList: [AddressRange]
 
@@ -675,7 +677,10 @@ final class FetchLoop: @unchecked Sendable {
             counters.inFlight -= 1
             counters.record(outcome: outcome, elapsedMs: elapsed)
         }
-        transfer.completion(FetchOutcome(result: result, attempts: transfer.attempts, lastResponse: transfer.lastResponse))
+        let completion = transfer.completion
+        transfer.completion = nil
+        transfer.onAttempt = nil
+        completion?(FetchOutcome(result: result, attempts: transfer.attempts, lastResponse: transfer.lastResponse))
     }
 }
 
