@@ -30,6 +30,7 @@ final class FetcherCancelTests: XCTestCase {
         let box = OutcomeBox()
         let handle = fetcher.start(FetchRequest(url: upstream.url("/hang"))) { box.set($0) }
         try waitForActive(1)
+        XCTAssertEqual(fetcher.inFlight, 1)
         let cancelledAt = Date().timeIntervalSince1970
         handle.cancel()
         let outcome = try XCTUnwrap(box.wait(seconds: 2))

@@ -217,6 +217,29 @@ final class FetcherTests: XCTestCase {
         XCTAssertLessThan(Date().timeIntervalSince(started), 2)
     }
 
+    func testEnvironmentProxyIsIgnored() throws {
+        let port = try closedPort()
+        setenv("http_proxy", "http://127.0.0.1:\(port)", 1)
+        setenv("HTTP_PROXY", "http://127.0.0.1:\(port)", 1)
+        defer {
+            unsetenv("http_proxy")
+            unsetenv("HTTP_PROXY")
+        }
+        let outcome = try XCTUnwrap(fetchAndWait(fetcher, FetchRequest(url: upstream.url("/json"))))
+        XCTAssertEqual(outcome.response?.status, 200)
+    }
+
+    func testConfiguredProxyCarriesTheRequest() throws {
+        var configuration = FetcherConfiguration()
+        configuration.proxy = upstream.baseURL
+        let proxied = try Fetcher(configuration: configuration)
+        defer { proxied.shutdown() }
+        // The fixture answers the absolute-form request as if it were the origin.
+        let echo = try XCTUnwrap(fetchAndWait(proxied, FetchRequest(url: "http://origin.invalid/echo"))?.response?.body)
+        XCTAssertEqual(echo["path"], "/echo")
+        XCTAssertEqual(echo["headers"]?["host"], "origin.invalid")
+    }
+
     func testStatsCountOutcomesAndLatencies() throws {
         _ = fetchAndWait(fetcher, FetchRequest(url: upstream.url("/json")))
         _ = fetchAndWait(fetcher, FetchRequest(url: upstream.url("/status/500")))

@@ -32,6 +32,22 @@ public final class FetchHandle: @unchecked Sendable {
 /// it. The deny list is checked on each resolved address before its socket is
 /// opened. `start` and `FetchHandle.cancel` may be called from any thread: they
 /// queue the work and wake the fetcher's thread, which makes every curl call.
+///
+/// Error kinds (API.md §1.3) by cause:
+/// - `dns`: the host does not resolve (not retried).
+/// - `connect`: refused, reset, closed without an answer, send/receive errors
+///   (retried); also, not retried: an address in the deny list ("address … is
+///   denied (cidr)"), more than 5 redirects ("too many redirects"), a scheme
+///   other than http/https, directly or by redirect ("refused protocol"), a
+///   malformed URL.
+/// - `timeout`: the attempt's `timeoutMs` or the connect timeout passed (retried).
+/// - `tls`: handshake or certificate failures (not retried).
+/// - `too_large`: a declared `Content-Length` or the bytes received exceed the limit.
+/// - `http_status`: a final status outside 2xx and `acceptStatus` (5xx and 429 retried).
+/// - `invalid_json`: `expect: json` and the body does not parse.
+/// - `cancelled`: `FetchHandle.cancel()` or `shutdown()`.
+/// Retries happen only for idempotent requests; the wait is `retryBackoffMs`
+/// doubled per attempt with ±20 % jitter, or a `Retry-After` in seconds (at most 60).
 public final class Fetcher: @unchecked Sendable {
     private let loop: FetchLoop
 
