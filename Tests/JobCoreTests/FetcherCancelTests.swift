@@ -83,4 +83,27 @@ final class FetcherCancelTests: XCTestCase {
         // The fetcher still works afterwards.
         XCTAssertEqual(fetchAndWait(fetcher, FetchRequest(url: upstream.url("/json")))?.response?.status, 200)
     }
+
+    func testStartsFromManyThreadsAllComplete() throws {
+        let box = OutcomeBox()
+        DispatchQueue.concurrentPerform(iterations: 200) { i in
+            fetcher.start(FetchRequest(url: upstream.url("/json?size=\(10 + i)"))) { box.set($0) }
+        }
+        let outcomes = try XCTUnwrap(box.all(seconds: 30, count: 200))
+        XCTAssertEqual(Set(outcomes.compactMap { $0.response?.bytes }), Set(10..<210))
+        XCTAssertEqual(fetcher.stats.outcomes["succeeded"], 200)
+    }
+
+    func testShutdownFromACompletionOnTheFetcherThreadDoesNotDeadlock() throws {
+        let box = OutcomeBox()
+        let fetcher = try XCTUnwrap(self.fetcher)
+        fetcher.start(FetchRequest(url: upstream.url("/json"))) { outcome in
+            fetcher.shutdown()
+            box.set(outcome)
+        }
+        XCTAssertEqual(box.wait(seconds: 5)?.response?.status, 200)
+        let late = OutcomeBox()
+        fetcher.start(FetchRequest(url: upstream.url("/json"))) { late.set($0) }
+        XCTAssertEqual(late.wait(seconds: 2)?.error?.kind, .cancelled)
+    }
 }

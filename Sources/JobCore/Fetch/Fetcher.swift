@@ -259,7 +259,8 @@ private let openSocketCallback: curl_opensocket_callback = { user, purpose, addr
     let family = address.pointee.family
     if let user, purpose == CURLSOCKTYPE_IPCXN {
         let transfer = Unmanaged<Transfer>.fromOpaque(user).takeUnretainedValue()
-        let raw = UnsafeMutableRawPointer(address) + MemoryLayout<curl_sockaddr>.offset(of: \curl_sockaddr.addr)!
+        guard let offset = MemoryLayout<curl_sockaddr>.offset(of: \curl_sockaddr.addr) else { return CURL_SOCKET_BAD }
+        let raw = UnsafeMutableRawPointer(address) + offset
         var bytes: [UInt8] = []
         if family == AF_INET {
             let sin = raw.load(as: sockaddr_in.self)
