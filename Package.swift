@@ -23,6 +23,7 @@ let package = Package(
         .target(name: "HTTPServer"),
         .target(name: "JobCore", dependencies: ["CCurl", "CSQLite"], linkerSettings: [.linkedLibrary("m")]),
         .executableTarget(name: "JobServer", dependencies: ["HTTPServer", "JobCore"]),
+        .executableTarget(name: "FetchBench", dependencies: ["JobCore"], path: "bench/FetchBench"),
         .target(name: "TestSupport", dependencies: ["JobCore"], path: "Tests/TestSupport"),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
         .testTarget(name: "JobCoreTests", dependencies: ["JobCore", "TestSupport"]),
