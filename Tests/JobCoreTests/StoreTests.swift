@@ -485,3 +485,51 @@ final class StoreTests: StoreTestCase {
         XCTAssertEqual(try store.jobCounts()[.pending], 151)
     }
 }
+
+final class StoreFailureTests: StoreTestCase {
+    func testWritesFailWhileAnotherProcessHoldsTheLockAndRecoverAfter() throws {
+        let store = try SQLiteJobStore(path: dbPath, logger: .disabled, busyTimeoutMs: 100)
+        defer { store.close() }
+        var job = try create(store, 1)
+        let other = try SQLiteConnection(path: dbPath, create: false, busyTimeoutMs: 100)
+        defer { other.close() }
+        try other.execute("BEGIN IMMEDIATE")
+        XCTAssertThrowsError(try create(store, 2)) { XCTAssertEqual(($0 as? StoreError)?.kind, .busy) }
+        job.version = 2
+        store.enqueue(jobs: [job], nodes: [], bodies: [])
+        XCTAssertThrowsError(try store.flush()) { XCTAssertEqual(($0 as? StoreError)?.kind, .busy) }
+        XCTAssertThrowsError(try store.deleteJob(id: job.id)) { XCTAssertEqual(($0 as? StoreError)?.kind, .busy) }
+        try other.execute("ROLLBACK")
+
+        try store.flush()  // the failure was reported once
+        try create(store, 2)
+        job.version = 3
+        store.enqueue(jobs: [job], nodes: [], bodies: [])
+        try store.flush()
+        XCTAssertEqual(try store.job(id: job.id)?.version, 3)
+        XCTAssertNotNil(try store.job(id: jobID(2)))
+    }
+
+    func testOneBadSubmissionInABatchFailsAlone() throws {
+        let store = try openStore()
+        defer { store.close() }
+        try create(store, 0)
+        let results = FailureBox()
+        // Several submitters at once so that the duplicate shares a batch with good jobs.
+        onThreads(6) { t in
+            for round in 0..<20 {
+                let n = t == 0 ? 0 : t * 100 + round
+                let (job, nodes) = self.makeJob(n)
+                do {
+                    _ = try store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil)
+                    results.add("ok")
+                } catch let error as StoreError where error.kind == .constraint && n == 0 {
+                    results.add("duplicate")
+                }
+            }
+        }
+        XCTAssertEqual(results.all.filter { $0 == "duplicate" }.count, 20)
+        XCTAssertEqual(results.all.filter { $0 == "ok" }.count, 100)
+        XCTAssertEqual(try store.jobCounts()[.pending], 101)
+    }
+}

@@ -15,8 +15,9 @@ final class SQLiteConnection {
     private var db: OpaquePointer?
     private var statements: [String: SQLiteStatement] = [:]
 
-    /// Opens `path`; `create` allows creating the file.
-    init(path: String, create: Bool) throws {
+    /// Opens `path`; `create` allows creating the file. A lock held by another
+    /// connection is waited for up to `busyTimeoutMs`.
+    init(path: String, create: Bool, busyTimeoutMs: Int32 = 5000) throws {
         var flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX
         if create { flags |= SQLITE_OPEN_CREATE }
         var handle: OpaquePointer?
@@ -28,7 +29,7 @@ final class SQLiteConnection {
         }
         db = handle
         sqlite3_extended_result_codes(handle, 1)
-        sqlite3_busy_timeout(handle, 5000)
+        sqlite3_busy_timeout(handle, busyTimeoutMs)
     }
 
     deinit { close() }

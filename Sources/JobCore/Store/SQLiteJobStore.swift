@@ -36,11 +36,17 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     /// Opens (creating the file and its folder) and migrates.
     /// - Throws: `StoreError` of kind `open` or `migrate`.
-    public init(path: String, logger: Logger = .disabled) throws {
+    public convenience init(path: String, logger: Logger = .disabled) throws {
+        try self.init(path: path, logger: logger, busyTimeoutMs: 5000)
+    }
+
+    /// As `init(path:logger:)`; the writer waits at most `busyTimeoutMs` for a
+    /// write lock held by another process (only tests lower it).
+    init(path: String, logger: Logger, busyTimeoutMs: Int32) throws {
         self.path = path
         self.logger = logger
         try SQLiteJobStore.makeParentDirectory(of: path)
-        let connection = try SQLiteConnection(path: path, create: true)
+        let connection = try SQLiteConnection(path: path, create: true, busyTimeoutMs: busyTimeoutMs)
         do {
             try SQLiteJobStore.configureWriter(connection)
             try StoreSchema.migrate(connection, logger: logger)
@@ -365,18 +371,29 @@ final class StoreWriter: @unchecked Sendable {
     private func write(_ batch: [WriteOp]) {
         let plan = Coalescing(batch)
         var answers: [() -> Void] = []
+        var opFailed = false
         do {
             try setFullSync(batch.contains { $0.needsFullSync })
             try execute("BEGIN IMMEDIATE")
-            for (index, op) in batch.enumerated() { try apply(op, index: index, plan: plan, answers: &answers) }
+            do {
+                for (index, op) in batch.enumerated() { try apply(op, index: index, plan: plan, answers: &answers) }
+            } catch {
+                opFailed = true
+                throw error
+            }
             try execute("COMMIT")
             for answer in answers { answer() }
             return
         } catch {
             rollback()
-            if batch.count > 1 {
-                logger.warning("store batch failed; writing its parts one by one", ["error": .string("\(error)")])
+            let storeError = error as? StoreError ?? StoreError(.io, "\(error)")
+            // The database itself refused (busy, full, I/O): trying each op again would only fail slower.
+            if !opFailed || batch.count == 1 {
+                logger.error("store write failed", ["error": .string(storeError.description), "ops": .int(batch.count)])
+                for op in batch { fail(op, storeError) }
+                return
             }
+            logger.warning("store batch failed; writing its parts one by one", ["error": .string(storeError.description)])
         }
         // One op failing must not fail the others: each in its own transaction.
         for (index, op) in batch.enumerated() {
@@ -400,7 +417,9 @@ final class StoreWriter: @unchecked Sendable {
         case .create(_, let ticket): ticket.complete(.failure(error))
         case .delete(_, let ticket): ticket.complete(.failure(error))
         case .sweep(_, _, let ticket): ticket.complete(.failure(error))
-        case .barrier(let ticket): ticket.complete(.failure(error))
+        case .barrier(let ticket):
+            changesFailure = nil
+            ticket.complete(.failure(error))
         case .changes(let changes):
             logger.error("store could not write state changes", [
                 "error": .string(error.description), "jobs": .int(changes.jobs.count), "nodes": .int(changes.nodes.count),
