@@ -421,6 +421,12 @@ final class StoreTests: StoreTestCase {
         }
     }
 
+    func testInMemoryPathIsRefused() {
+        for path in ["", ":memory:"] {
+            XCTAssertThrowsError(try SQLiteJobStore(path: path)) { XCTAssertEqual(($0 as? StoreError)?.kind, .open) }
+        }
+    }
+
     func testCreatedJobIsVisibleToAnotherStoreOnTheSameFile() throws {
         let store = try openStore()
         defer { store.close() }

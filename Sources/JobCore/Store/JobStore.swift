@@ -26,6 +26,7 @@ public struct StoreError: Error, Equatable, CustomStringConvertible, Sendable {
         /// The store was closed.
         public static let closed = Kind("closed")
 
+        /// The kind's name, e.g. `bad_cursor`.
         public var description: String { name }
     }
 
@@ -43,6 +44,7 @@ public struct StoreError: Error, Equatable, CustomStringConvertible, Sendable {
         self.sqliteCode = sqliteCode
     }
 
+    /// `store <kind>: <message> (sqlite <code>)`.
     public var description: String {
         if let sqliteCode { return "store \(kind): \(message) (sqlite \(sqliteCode))" }
         return "store \(kind): \(message)"

@@ -45,6 +45,10 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     init(path: String, logger: Logger, busyTimeoutMs: Int32) throws {
         self.path = path
         self.logger = logger
+        // Readers open the file again on their own connections, so it must be a real file.
+        if path.isEmpty || path.hasPrefix(":memory:") || path.hasPrefix("file:") {
+            throw StoreError(.open, "the store needs a file path, not \"\(path)\"")
+        }
         try SQLiteJobStore.makeParentDirectory(of: path)
         let connection = try SQLiteConnection(path: path, create: true, busyTimeoutMs: busyTimeoutMs)
         do {
@@ -68,6 +72,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     // MARK: Writes
 
+    /// Hands the rows to the writer and waits for the (fsynced) commit that includes them.
     public func createJob(
         _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?
     ) throws -> CreateOutcome {
@@ -77,6 +82,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         return try ticket.wait()
     }
 
+    /// Queues the changes for the writer's next batch; only the last record of a job or node in a batch is written.
     public func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)]) {
         if jobs.isEmpty && nodes.isEmpty && bodies.isEmpty { return }
         let changes = Changes(jobs: jobs, nodes: nodes, bodies: bodies.map { BodyChange(jobID: $0.jobID, nodeID: $0.nodeID, body: $0.body) })
@@ -85,18 +91,21 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Waits for the writer to commit everything queued before this call.
     public func flush() throws {
         let ticket = WriteTicket<Void>()
         guard queue.push(.barrier(ticket)) else { throw StoreError(.closed, "store is closed") }
         try ticket.wait()
     }
 
+    /// Deletes the job, its nodes and its bodies in one transaction of the writer.
     public func deleteJob(id: String) throws -> Bool {
         let ticket = WriteTicket<Bool>()
         guard queue.push(.delete(id, ticket)) else { throw StoreError(.closed, "store is closed") }
         return try ticket.wait()
     }
 
+    /// Deletes settled jobs finished before `finishedBeforeMs`, 500 per transaction.
     public func sweep(finishedBeforeMs: Int64) throws -> Int {
         // In chunks, each its own queued write, so a large sweep never holds up
         // submissions for long.
@@ -113,6 +122,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Writes what is queued, stops the writer and closes every connection; calling it again does nothing.
     public func close() {
         closeMonitor.lock()
         let wasClosed = closed
@@ -127,6 +137,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     // MARK: Reads
 
+    /// Reads the job on a reader connection.
     public func job(id: String) throws -> JobRecord? {
         try readers.with { db in
             let statement = try db.prepare("SELECT \(Columns.job) FROM jobs WHERE id = ?1")
@@ -136,6 +147,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Reads one page, newest first, without `result` and `request`.
     public func listJobs(state: NodeState?, limit: Int, cursor: String?) throws -> JobPage {
         let after = try cursor.map(JobCursor.decode)
         guard limit > 0 else { return JobPage(jobs: [], nextCursor: nil) }
@@ -165,6 +177,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Reads a job's nodes in position order.
     public func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord] {
         let columns = includeResults ? Columns.node : Columns.nodeWithoutResult
         return try readers.with { db in
@@ -177,6 +190,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Reads one node with its result.
     public func node(jobID: String, nodeID: String) throws -> NodeRecord? {
         try readers.with { db in
             let statement = try db.prepare("SELECT \(Columns.node) FROM nodes WHERE job_id = ?1 AND id = ?2")
@@ -187,6 +201,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Reads a stored response body.
     public func body(jobID: String, nodeID: String) throws -> StoredBody? {
         try readers.with { db in
             let statement = try db.prepare("SELECT content_type, bytes FROM bodies WHERE job_id = ?1 AND node_id = ?2")
@@ -198,6 +213,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Reads pending and running jobs and all their nodes with two queries in one snapshot.
     public func unfinishedJobs() throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         try readers.with { db in
             // One read transaction: jobs and nodes from the same snapshot.
@@ -229,6 +245,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Counts jobs by state from the state index.
     public func jobCounts() throws -> [NodeState: Int] {
         try readers.with { db in
             let statement = try db.prepare("SELECT state, count(*) FROM jobs GROUP BY state")
