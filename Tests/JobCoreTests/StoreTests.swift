@@ -311,6 +311,8 @@ final class StoreTests: StoreTestCase {
         let exact = try store.listJobs(state: .succeeded, limit: 8, cursor: nil)
         XCTAssertEqual(exact.jobs.count, 8)
         XCTAssertNil(exact.nextCursor, "no cursor when the page ends exactly at the last job")
+        XCTAssertEqual(try store.listJobs(state: nil, limit: Int.max, cursor: nil).jobs.count, 25)
+        XCTAssertEqual(try store.listJobs(state: nil, limit: 0, cursor: nil), JobPage(jobs: [], nextCursor: nil))
     }
 
     func testBadCursorIsRefused() throws {

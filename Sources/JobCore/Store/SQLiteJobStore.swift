@@ -164,7 +164,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
             defer { statement.reset() }
             if let state { statement.bind(1, state.rawValue) }
             if let after { statement.bind(2, after) }
-            statement.bind(3, Int64(limit) + 1)
+            statement.bind(3, Int64(min(limit, Int(Int32.max))) + 1)
             var jobs: [JobRecord] = []
             jobs.reserveCapacity(min(limit, 512))
             while try statement.step() {
