@@ -1,0 +1,98 @@
+import Foundation
+import XCTest
+@testable import JobCore
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Kills a process that is writing to the store and checks what survived.
+///
+/// The child is this same test binary, started with an environment variable
+/// that makes `testChildWritesUntilKilled` do the writing; run normally, that
+/// test does nothing.
+final class StoreDurabilityTests: StoreTestCase {
+    private static let childDatabase = "JOBSERVER_STORE_CHILD_DB"
+    private static let childAcks = "JOBSERVER_STORE_CHILD_ACKS"
+
+    func testChildWritesUntilKilled() throws {
+        let env = ProcessInfo.processInfo.environment
+        guard let path = env[Self.childDatabase], let ackPath = env[Self.childAcks] else { return }
+        let acks = open(ackPath, O_WRONLY | O_APPEND | O_CREAT, 0o644)
+        guard acks >= 0 else { exit(3) }
+        let store = try SQLiteJobStore(path: path)
+        func ack(_ line: String) {
+            let bytes = Array((line + "\n").utf8)
+            _ = bytes.withUnsafeBytes { write(acks, $0.baseAddress, $0.count) }
+        }
+        let killer = DispatchWorkItem { kill(getpid(), SIGKILL) }
+        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(300), execute: killer)
+        // Several submitters, so that kills land inside group commits too.
+        DispatchQueue.concurrentPerform(iterations: 4) { t in
+            for i in 0..<100_000 {
+                let n = t * 1_000_000 + i
+                let (job, nodes) = makeJob(n, nodes: 10)
+                guard (try? store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil)) != nil else { exit(4) }
+                ack("created \(job.id)")
+                if i % 10 == 9 {
+                    var changed = job
+                    changed.version = 2
+                    changed.state = .running
+                    store.enqueue(jobs: [changed], nodes: [], bodies: [])
+                    guard (try? store.flush()) != nil else { exit(5) }
+                    ack("flushed \(job.id)")
+                }
+            }
+        }
+        exit(6)  // Never reached: the killer fires first.
+    }
+
+    func testJobsAnsweredBeforeAKillSurviveIt() throws {
+        if ProcessInfo.processInfo.environment[Self.childDatabase] != nil { return }  // never recurse in the child
+        let ackPath = folder + "/acks"
+        let binary = CommandLine.arguments[0]
+        let args = [binary, "JobCoreTests.StoreDurabilityTests/testChildWritesUntilKilled"]
+        var environment = ProcessInfo.processInfo.environment
+        environment[Self.childDatabase] = dbPath
+        environment[Self.childAcks] = ackPath
+        let envStrings = environment.map { "\($0.key)=\($0.value)" }
+        var argv: [UnsafeMutablePointer<CChar>?] = args.map { strdup($0) } + [nil]
+        var envp: [UnsafeMutablePointer<CChar>?] = envStrings.map { strdup($0) } + [nil]
+        defer { (argv + envp).forEach { free($0) } }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        var pid = pid_t()
+        XCTAssertEqual(posix_spawn(&pid, binary, &actions, nil, &argv, &envp), 0)
+        var status: Int32 = 0
+        let deadline = Timestamp.monotonicMs() + 30_000
+        while waitpid(pid, &status, WNOHANG) == 0 {
+            if Timestamp.monotonicMs() > deadline {
+                kill(pid, SIGKILL)
+                waitpid(pid, &status, 0)
+                XCTFail("child did not die in time")
+                return
+            }
+            usleep(10_000)
+        }
+        XCTAssertEqual(status & 0x7F, SIGKILL, "child ended with status \(status)")
+
+        let text = (try? String(contentsOfFile: ackPath, encoding: .utf8)) ?? ""
+        let lines = text.split(separator: "\n")
+        let created = lines.filter { $0.hasPrefix("created ") }.map { String($0.dropFirst(8)) }
+        let flushed = lines.filter { $0.hasPrefix("flushed ") }.map { String($0.dropFirst(8)) }
+        XCTAssertGreaterThan(created.count, 20, "the child answered too few submissions to test anything")
+
+        let store = try openStore()
+        defer { store.close() }
+        for id in created {
+            guard try store.job(id: id) != nil else { return XCTFail("answered job \(id) was lost") }
+            XCTAssertEqual(try store.nodes(jobID: id, includeResults: false).count, 10, id)
+        }
+        for id in flushed {
+            XCTAssertEqual(try store.job(id: id)?.version, 2, "flushed change of \(id) was lost")
+        }
+        print("store durability: \(created.count) answered jobs and \(flushed.count) flushed changes survived kill -9")
+    }
+}
