@@ -515,8 +515,9 @@ final class EventLoop: @unchecked Sendable {
             listenRegistered = false
         }
         for case let connection? in connections {
-            let idle = connection.pending == nil && !connection.hasOutput && connection.parser.isIdle
-                && connection.inBuffer.isEmpty
+            // In flight means dispatched, being written, or its body being received; a half-received
+            // head is not worth holding the shutdown for.
+            let idle = connection.pending == nil && !connection.hasOutput && !connection.parser.isReadingBody
             if idle || connection.lingering {
                 close(connection)
             }
