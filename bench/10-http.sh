@@ -119,7 +119,7 @@ Commands:
 \`\`\`
 nginx -p \$TMP -c \$TMP/nginx.conf
 $nginx_cmd
-$BIN $server_port
+${BIN#"$PWD"/} $server_port
 $server_cmd
 \`\`\`
 MD

@@ -127,6 +127,7 @@ final class EventLoop: @unchecked Sendable {
 
     func run() {
         threadID.store(UInt(pthread_self()), ordering: .relaxed)
+        assert(inLoopThread)
         var events = [epoll_event](repeating: epoll_event(), count: EventLoop.maxEvents)
         var nextSweep = now + sweepIntervalMs
         while !stopped {
@@ -355,6 +356,7 @@ final class EventLoop: @unchecked Sendable {
 
     /// Writes a response on the loop thread, in order, then resumes the connection if it was waiting.
     func deliver(_ responder: HTTPResponder, _ response: HTTPResponse) {
+        assert(inLoopThread, "responses are written on their connection's own loop")
         guard let connection = responder.connection, !connection.closed, connection.pending === responder else { return }
         connection.pending = nil
         var keepAlive = responder.keepAlive && !shuttingDown
@@ -391,9 +393,9 @@ final class EventLoop: @unchecked Sendable {
             let result: IOResult<Int>
             do {
                 result = try systemCall("send") {
-                    connection.outBuffer.withUnsafeBytes { buffer in
-                        Glibc.send(connection.fd, buffer.baseAddress.unsafelyUnwrapped + offset, buffer.count - offset,
-                                   Int32(MSG_NOSIGNAL))
+                    connection.outBuffer.withUnsafeBytes { buffer -> Int in
+                        guard let base = buffer.baseAddress else { return 0 }
+                        return Glibc.send(connection.fd, base + offset, buffer.count - offset, Int32(MSG_NOSIGNAL))
                     }
                 }
             } catch {

@@ -130,7 +130,7 @@ struct HTTPRequestParser {
                 state = take == remaining ? .chunkDataEnd : .chunkData(remaining: remaining - take)
             case .requestLine, .headerLine, .chunkSize, .chunkDataEnd, .trailer:
                 let start = index
-                let base = buffer.baseAddress.unsafelyUnwrapped
+                guard let base = buffer.baseAddress else { return (count, nil) }
                 let found = memchr(base + start, 0x0A, count - start)
                 let end = found.map { base.distance(to: UnsafeRawPointer($0)) } ?? count
                 let lineLimit = currentLineLimit()

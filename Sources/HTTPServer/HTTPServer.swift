@@ -20,7 +20,8 @@ public struct HTTPServerConfiguration {
     public var idleTimeoutSeconds = 60.0
     /// Event-loop threads; each accepts, reads and writes its own connections.
     public var eventLoopCount = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
-    /// Connections above this count are closed as soon as they are accepted.
+    /// Connections above this count are closed as soon as they are accepted (the budget is split evenly
+    /// across the event loops, each of which accepts on its own socket).
     public var maxConnections = 10_000
     /// Called after each response is written: route pattern (or nil when unmatched), method, status, duration in ns.
     /// Runs on an event loop: keep it short.

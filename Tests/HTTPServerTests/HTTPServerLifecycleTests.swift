@@ -64,7 +64,7 @@ final class HTTPServerLifecycleTests: XCTestCase {
     func testRouterAndStandaloneResponderWorkWithoutSockets() {
         let router = Router()
         router.add("GET", "/v1/jobs/{id}/nodes/{node}") { request, responder in
-            responder.send(HTTPResponse(status: 200, body: Array("\(request.pathParameters["id"]!)/\(request.pathParameters["node"]!)".utf8)))
+            responder.send(HTTPResponse(status: 200, body: Array("\(request.pathParameters["id"] ?? "?")/\(request.pathParameters["node"] ?? "?")".utf8)))
         }
         let got = ResponseLog()
         router.route(HTTPRequest(method: "HEAD", target: "/v1/jobs/j1/nodes/root.0"),

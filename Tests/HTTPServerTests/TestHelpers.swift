@@ -53,8 +53,9 @@ final class RawClient {
     func send(_ bytes: [UInt8]) throws {
         var offset = 0
         while offset < bytes.count {
-            let n = bytes.withUnsafeBytes {
-                Glibc.send(fd, $0.baseAddress! + offset, bytes.count - offset, Int32(MSG_NOSIGNAL))
+            let n = bytes.withUnsafeBytes { buffer -> Int in
+                guard let base = buffer.baseAddress else { return -1 }
+                return Glibc.send(fd, base + offset, bytes.count - offset, Int32(MSG_NOSIGNAL))
             }
             guard n > 0 else { throw RawClientError("send: errno \(errno)") }
             offset += n
@@ -72,12 +73,12 @@ final class RawClient {
 
     /// Reads one response; `expectBody: false` for HEAD.
     func readResponse(expectBody: Bool = true) throws -> RawResponse {
-        var headEnd: Int?
+        var headEnd = findHeadEnd()
         while headEnd == nil {
+            if !fill() { throw RawClientError("connection closed before a response head") }
             headEnd = findHeadEnd()
-            if headEnd == nil && !fill() { throw RawClientError("connection closed before a response head") }
         }
-        let end = headEnd!
+        guard let end = headEnd else { throw RawClientError("no response head") }
         let head = String(decoding: buffer[0..<end], as: UTF8.self)
         buffer.removeFirst(end + 4)
         var lines = head.components(separatedBy: "\r\n")
