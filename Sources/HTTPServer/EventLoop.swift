@@ -5,6 +5,9 @@ import Synchronization
 /// One accepted connection; owned by its event loop and touched only on that loop's thread.
 final class Connection {
     let fd: Int32
+    /// `fd` plus a per-loop serial number in the high bits: the epoll user data. A stale event for a
+    /// descriptor number that was closed and reused within one batch then finds no connection.
+    let token: UInt64
     var parser: HTTPRequestParser
     /// Received bytes not parsed yet (while a response is pending, pipelined requests wait here).
     var inBuffer: [UInt8] = []
@@ -23,8 +26,9 @@ final class Connection {
     var lastActivity: UInt64
     var lingerDeadline: UInt64 = 0
 
-    init(fd: Int32, limits: HTTPParserLimits, remoteAddress: String, now: UInt64, interest: UInt32) {
+    init(fd: Int32, serial: UInt32, limits: HTTPParserLimits, remoteAddress: String, now: UInt64, interest: UInt32) {
         self.fd = fd
+        self.token = UInt64(serial) << 32 | UInt64(UInt32(bitPattern: fd))
         self.parser = HTTPRequestParser(limits: limits, remoteAddress: remoteAddress)
         self.headStart = now
         self.lastActivity = now
@@ -67,6 +71,7 @@ final class EventLoop: @unchecked Sendable {
     private var acceptResumeAt: UInt64 = 0
     private var connections: [Connection?] = []
     private var connectionCount = 0
+    private var nextSerial: UInt32 = 0
     private let inbox = Mutex<[Message]>([])
     private let threadID = Atomic<UInt>(0)
     /// Connections still owed work (not lingering), read by `HTTPServer.shutdown` to know when it drained.
@@ -145,12 +150,16 @@ final class EventLoop: @unchecked Sendable {
             refreshDate()
             for i in 0..<Int(count) {
                 let event = events[i]
-                let fd = event.data.fd
-                if fd == wakeFD {
-                    drainInbox()
-                } else if fd == listenFD {
-                    acceptConnections()
-                } else if fd >= 0, Int(fd) < connections.count, let connection = connections[Int(fd)] {
+                let token = event.data.u64
+                let fd = Int32(bitPattern: UInt32(truncatingIfNeeded: token))
+                if token >> 32 == 0 {
+                    if fd == wakeFD {
+                        drainInbox()
+                    } else if fd == listenFD {
+                        acceptConnections()
+                    }
+                } else if fd >= 0, Int(fd) < connections.count, let connection = connections[Int(fd)],
+                          connection.token == token {
                     handle(connection, events: event.events)
                 }
                 if stopped { break }
@@ -165,10 +174,10 @@ final class EventLoop: @unchecked Sendable {
         }
     }
 
-    private func register(_ fd: Int32, events: UInt32) throws {
+    private func register(_ fd: Int32, token: UInt64? = nil, events: UInt32) throws {
         var event = epoll_event()
         event.events = events
-        event.data.fd = fd
+        event.data.u64 = token ?? UInt64(UInt32(bitPattern: fd))
         try blockingSystemCall("epoll_ctl") { epoll_ctl(epollFD, EPOLL_CTL_ADD, fd, &event) }
     }
 
@@ -225,14 +234,15 @@ final class EventLoop: @unchecked Sendable {
             var one: Int32 = 1
             _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
             let interest = EPOLLIN.rawValue | EPOLLRDHUP.rawValue
+            nextSerial = nextSerial == UInt32.max ? 1 : nextSerial + 1
+            let connection = Connection(fd: fd, serial: nextSerial, limits: settings.limits,
+                                        remoteAddress: formatAddress(&address), now: now, interest: interest)
             do {
-                try register(fd, events: interest)
+                try register(fd, token: connection.token, events: interest)
             } catch {
                 Glibc.close(fd)
                 continue
             }
-            let connection = Connection(fd: fd, limits: settings.limits, remoteAddress: formatAddress(&address),
-                                        now: now, interest: interest)
             if Int(fd) >= connections.count {
                 connections.append(contentsOf: repeatElement(nil, count: Int(fd) + 1 - connections.count + 64))
             }
@@ -436,7 +446,7 @@ final class EventLoop: @unchecked Sendable {
         if wanted == connection.interest { return }
         var event = epoll_event()
         event.events = wanted
-        event.data.fd = connection.fd
+        event.data.u64 = connection.token
         if epoll_ctl(epollFD, EPOLL_CTL_MOD, connection.fd, &event) == 0 {
             connection.interest = wanted
         } else {

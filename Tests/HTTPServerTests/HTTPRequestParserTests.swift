@@ -232,4 +232,39 @@ final class HTTPRequestParserTests: XCTestCase {
         XCTAssertFalse(headers.contains("content-type"))
         XCTAssertFalse(asciiCaseInsensitiveEquals("a-", "A\r"))
     }
+
+    func testRandomAndMutatedInputNeverCrashesAndAlwaysMakesProgress() {
+        var rng = SplitMix(state: 7)
+        let seeds = HTTPRequestParserTests.corpus.map { Array($0.utf8) }
+        let alphabet = Array("GET POST /?:\r\n\t 0123456789abcdefHTTP/1.1Host:Content-Length:Transfer-Encoding: chunked;".utf8)
+        for round in 0..<3000 {
+            var bytes: [UInt8]
+            if round % 3 == 0 {
+                bytes = (0..<Int.random(in: 0...300, using: &rng)).map { _ in
+                    alphabet[Int.random(in: 0..<alphabet.count, using: &rng)]
+                }
+            } else {
+                bytes = seeds[Int.random(in: 0..<seeds.count, using: &rng)]
+                for _ in 0..<Int.random(in: 1...6, using: &rng) where !bytes.isEmpty {
+                    let at = Int.random(in: 0..<bytes.count, using: &rng)
+                    switch Int.random(in: 0..<3, using: &rng) {
+                    case 0: bytes[at] = UInt8.random(in: 0...255, using: &rng)
+                    case 1: bytes.remove(at: at)
+                    default: bytes.insert(alphabet[Int.random(in: 0..<alphabet.count, using: &rng)], at: at)
+                    }
+                }
+            }
+            var parser = HTTPRequestParser(limits: limits)
+            var offset = 0
+            var steps = 0
+            while offset < bytes.count && steps < 10_000 {
+                let size = Int.random(in: 1...max(1, bytes.count - offset), using: &rng)
+                let (used, event) = parser.parse(Array(bytes[offset..<(offset + size)]))
+                XCTAssertTrue(used > 0 || event != nil)
+                XCTAssertLessThanOrEqual(used, size)
+                offset += used
+                steps += 1
+            }
+        }
+    }
 }

@@ -77,6 +77,56 @@ final class HTTPServerLifecycleTests: XCTestCase {
         XCTAssertEqual(got.entries.map { $0.1 }, [200, 405, 404])
     }
 
+    func testManyLateResponsesFromManyThreadsArriveOnTheRightConnections() throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        let failures = ResponseLog()
+        let group = DispatchGroup()
+        for worker in 0..<16 {
+            group.enter()
+            Thread {
+                defer { group.leave() }
+                do {
+                    let client = try RawClient(port: server.port)
+                    for i in 0..<20 {
+                        // Alternate late and immediate answers, pipelined in pairs.
+                        try client.send("GET /later?ms=\(i % 5) HTTP/1.1\r\nHost: t\r\n\r\nGET /seq/\(worker)-\(i) HTTP/1.1\r\nHost: t\r\n\r\n")
+                        let late = try client.readResponse()
+                        let now = try client.readResponse()
+                        if late.bodyText != "later" || now.bodyText != "\(worker)-\(i)" {
+                            failures.add("worker \(worker) got \(late.bodyText) / \(now.bodyText)", 0)
+                        }
+                    }
+                } catch {
+                    failures.add("worker \(worker): \(error)", 0)
+                }
+            }.start()
+        }
+        XCTAssertEqual(group.wait(timeout: .now() + 30), .success)
+        XCTAssertEqual(failures.entries.map { $0.0 }, [])
+    }
+
+    func testRandomGarbageFromManyClientsLeavesTheServerHealthy() throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        var state: UInt64 = 99
+        func next() -> UInt64 {
+            state = state &* 6364136223846793005 &+ 1442695040888963407
+            return state >> 33
+        }
+        for _ in 0..<50 {
+            let client = try RawClient(port: server.port, timeoutSeconds: 2)
+            let length = Int(next() % 2000) + 1
+            let bytes = (0..<length).map { _ in UInt8(truncatingIfNeeded: next()) }
+            try? client.send(bytes)
+            try? client.send("\r\n\r\n")
+            if let response = try? client.readResponse() {
+                XCTAssertTrue([400, 404, 405, 413, 414, 431].contains(response.status), "status \(response.status)")
+            }
+        }
+        server.assertHealthy()
+    }
+
     // MARK: - Timeouts and many connections
 
     func testSlowlorisIsClosedByTheHeaderTimeout() throws {
