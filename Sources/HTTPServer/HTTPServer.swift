@@ -3,7 +3,7 @@ import Glibc
 import Synchronization
 
 /// Settings of an `HTTPServer`; the defaults suit production.
-public struct HTTPServerConfiguration {
+public struct HTTPServerConfiguration: Sendable {
     /// The address to bind: an IPv4 or IPv6 literal, or `localhost`.
     public var host = "0.0.0.0"
     /// The port to bind; 0 picks any free port (`start()` returns it).
@@ -70,8 +70,13 @@ public final class HTTPServer: @unchecked Sendable {
         var sockets: [Int32] = []
         var port = configuration.port
         do {
+            if port != 0 {
+                // SO_REUSEPORT would let us join a listener another process already has on this port
+                // (same user) and silently share its traffic: probe with a plain socket first.
+                Glibc.close(try makeListeningSocket(port: port, reusePort: false, listening: false))
+            }
             for _ in 0..<count {
-                let fd = try makeListeningSocket(port: port)
+                let fd = try makeListeningSocket(port: port, reusePort: true, listening: true)
                 sockets.append(fd)
                 if port == 0 {
                     port = try boundPort(fd)
@@ -152,7 +157,7 @@ public final class HTTPServer: @unchecked Sendable {
         return drained
     }
 
-    private func makeListeningSocket(port: Int) throws -> Int32 {
+    private func makeListeningSocket(port: Int, reusePort: Bool, listening: Bool) throws -> Int32 {
         guard (0...65535).contains(port) else {
             throw HTTPServerError(kind: .invalidAddress, call: nil, errno: nil, message: "port \(port) out of range")
         }
@@ -179,8 +184,10 @@ public final class HTTPServer: @unchecked Sendable {
             var one: Int32 = 1
             let size = socklen_t(MemoryLayout<Int32>.size)
             try blockingSystemCall("setsockopt") { setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, size) }
-            // Each loop listens on its own socket; the kernel spreads new connections across them.
-            try blockingSystemCall("setsockopt") { setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, size) }
+            if reusePort {
+                // Each loop listens on its own socket; the kernel spreads new connections across them.
+                try blockingSystemCall("setsockopt") { setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, size) }
+            }
             if family == AF_INET {
                 try blockingSystemCall("bind") {
                     withUnsafePointer(to: &v4) {
@@ -198,7 +205,9 @@ public final class HTTPServer: @unchecked Sendable {
                     }
                 }
             }
-            try blockingSystemCall("listen") { listen(fd, 4096) }
+            if listening {
+                try blockingSystemCall("listen") { listen(fd, 4096) }
+            }
         } catch {
             Glibc.close(fd)
             throw error

@@ -8,7 +8,9 @@ public typealias HTTPHandler = (HTTPRequest, HTTPResponder) -> Void
 /// Unknown paths answer `404 not_found`; a known path with another method answers
 /// `405 method_not_allowed` with an `Allow` header. `HEAD` runs the `GET` handler when no
 /// `HEAD` handler is registered (the server drops the body and keeps `Content-Length`).
-public final class Router {
+/// Routes are read concurrently by every event loop and never changed once the server started,
+/// hence `@unchecked Sendable`.
+public final class Router: @unchecked Sendable {
     private enum Segment {
         case literal(String)
         case parameter(String)

@@ -270,6 +270,32 @@ final class HTTPServerLifecycleTests: XCTestCase {
         XCTAssertTrue(unstarted.shutdown(gracePeriodSeconds: 0.1))
     }
 
+    func testSecondServerOnTheSamePortFailsWithAddressInUse() throws {
+        let first = try TestServer()
+        defer { first.stop() }
+        var configuration = HTTPServerConfiguration()
+        configuration.host = "127.0.0.1"
+        configuration.port = first.port
+        XCTAssertThrowsError(try HTTPServer(configuration: configuration, router: Router()).start()) { error in
+            let serverError = error as? HTTPServerError
+            XCTAssertEqual(serverError?.kind, .systemCall)
+            XCTAssertEqual(serverError?.call, "bind")
+            XCTAssertEqual(serverError?.errno, EADDRINUSE)
+        }
+        first.assertHealthy()
+    }
+
+    func testRestartOnTheSameFixedPortWorks() throws {
+        let first = try TestServer()
+        let port = first.port
+        XCTAssertEqual(try curl(["\(first.base)/healthz"]).stdout, #"{"status":"ok"}"#)
+        first.stop()
+        let second = try TestServer { $0.port = port }
+        defer { second.stop() }
+        XCTAssertEqual(second.port, port)
+        second.assertHealthy()
+    }
+
     func testInvalidHostIsAnError() {
         var configuration = HTTPServerConfiguration()
         configuration.host = "not an address"
