@@ -17,6 +17,8 @@ final class Connection {
     var pending: HTTPResponder?
     var closeAfterWrite = false
     var lingering = false
+    /// The client sent FIN while a response was still being written: finish writing, then close.
+    var peerHalfClosed = false
     var closed = false
     /// True while the loop is feeding this connection's bytes to the parser (responses are then flushed afterwards).
     var processing = false
@@ -293,6 +295,14 @@ final class EventLoop: @unchecked Sendable {
             return
         }
         if count == 0 {
+            if connection.hasOutput && connection.pending == nil && !connection.lingering {
+                // A half-closing client may still read: write what is queued, then close.
+                connection.peerHalfClosed = true
+                connection.closeAfterWrite = true
+                connection.inBuffer = []
+                return
+            }
+            // With a response still pending, FIN is how clients hang up: report it through onClose.
             close(connection)
             return
         }
@@ -423,7 +433,11 @@ final class EventLoop: @unchecked Sendable {
         }
         connection.outOffset = 0
         if connection.closeAfterWrite && connection.pending == nil && !connection.lingering {
-            startLingering(connection)
+            if connection.peerHalfClosed {
+                close(connection)
+            } else {
+                startLingering(connection)
+            }
         }
     }
 
@@ -438,9 +452,10 @@ final class EventLoop: @unchecked Sendable {
     }
 
     private func updateInterest(_ connection: Connection) {
-        var wanted = EPOLLRDHUP.rawValue
-        let reading = connection.lingering
-            || (!connection.closeAfterWrite && (connection.pending == nil || connection.inBuffer.count < EventLoop.maxBacklog))
+        // After the client's FIN, EPOLLIN and EPOLLRDHUP would stay ready forever: wait for EPOLLOUT only.
+        var wanted = connection.peerHalfClosed ? 0 : EPOLLRDHUP.rawValue
+        let reading = !connection.peerHalfClosed && (connection.lingering
+            || (!connection.closeAfterWrite && (connection.pending == nil || connection.inBuffer.count < EventLoop.maxBacklog)))
         if reading { wanted |= EPOLLIN.rawValue }
         if connection.hasOutput { wanted |= EPOLLOUT.rawValue }
         if wanted == connection.interest { return }

@@ -1,6 +1,9 @@
 import Foundation
 import XCTest
 @testable import HTTPServer
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// Bodies at and around the limits, and responses bigger than the socket buffer.
 final class HTTPServerLargeBodyTests: XCTestCase {
@@ -52,7 +55,7 @@ final class HTTPServerLargeBodyTests: XCTestCase {
     }
 
     func testResponseLargerThanTheSocketBufferIsWrittenWholeThenTheNextPipelinedOne() throws {
-        let client = try RawClient(port: server.port)
+        let client = try RawClient(port: server.port, receiveBufferBytes: 4096)
         try client.send("GET /big HTTP/1.1\r\nHost: t\r\n\r\nGET /seq/after HTTP/1.1\r\nHost: t\r\n\r\n")
         usleep(200_000)  // let the server hit a full socket buffer and wait for EPOLLOUT
         let big = try client.readResponse()
@@ -60,6 +63,17 @@ final class HTTPServerLargeBodyTests: XCTestCase {
         XCTAssertEqual(big.body.count, HTTPServerLargeBodyTests.bigBody.count)
         XCTAssertTrue(big.body == HTTPServerLargeBodyTests.bigBody)
         XCTAssertEqual(try client.readResponse().bodyText, "after")
+    }
+
+    func testHalfClosingClientStillReceivesALargeResponse() throws {
+        let client = try RawClient(port: server.port, receiveBufferBytes: 4096)
+        try client.send("GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+        XCTAssertEqual(shutdown(client.fd, Int32(SHUT_WR)), 0)
+        usleep(200_000)  // the server sees the FIN while most of the body is still queued
+        let big = try client.readResponse()
+        XCTAssertEqual(big.body.count, HTTPServerLargeBodyTests.bigBody.count)
+        XCTAssertTrue(client.waitForClose())
+        server.assertHealthy()
     }
 
     func testCurlDownloadsALargeResponse() throws {
