@@ -6,6 +6,7 @@ let package = Package(
     platforms: [.macOS(.v13)],
     products: [
         .executable(name: "jobserver", targets: ["JobServer"]),
+        .executable(name: "HTTPBenchServer", targets: ["HTTPBenchServer"]),
         .library(name: "HTTPServer", targets: ["HTTPServer"]),
         .library(name: "JobCore", targets: ["JobCore"]),
     ],
@@ -20,10 +21,12 @@ let package = Package(
             pkgConfig: "sqlite3",
             providers: [.apt(["libsqlite3-dev"])]
         ),
-        .target(name: "HTTPServer"),
+        .systemLibrary(name: "CHTTPLinux"),
+        .target(name: "HTTPServer", dependencies: ["CHTTPLinux"]),
         .target(name: "JobCore", dependencies: ["CCurl", "CSQLite"], linkerSettings: [.linkedLibrary("m")]),
         .executableTarget(name: "JobServer", dependencies: ["HTTPServer", "JobCore"]),
         .executableTarget(name: "FetchBench", dependencies: ["JobCore"], path: "bench/FetchBench"),
+        .executableTarget(name: "HTTPBenchServer", dependencies: ["HTTPServer"], path: "bench/HTTPBenchServer"),
         .target(name: "TestSupport", dependencies: ["JobCore"], path: "Tests/TestSupport"),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
         .testTarget(name: "JobCoreTests", dependencies: ["JobCore", "TestSupport"]),

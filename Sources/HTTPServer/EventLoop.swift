@@ -1,0 +1,591 @@
+import CHTTPLinux
+import Glibc
+import Synchronization
+
+/// One accepted connection; owned by its event loop and touched only on that loop's thread.
+final class Connection {
+    let fd: Int32
+    /// `fd` plus a per-loop serial number in the high bits: the epoll user data. A stale event for a
+    /// descriptor number that was closed and reused within one batch then finds no connection.
+    let token: UInt64
+    var parser: HTTPRequestParser
+    /// Received bytes not parsed yet (while a response is pending, pipelined requests wait here).
+    var inBuffer: [UInt8] = []
+    var outBuffer: [UInt8] = []
+    var outOffset = 0
+    /// The request dispatched and not answered yet; later requests wait behind it.
+    var pending: HTTPResponder?
+    var closeAfterWrite = false
+    var lingering = false
+    /// The client sent FIN while a response was still being written: finish writing, then close.
+    var peerHalfClosed = false
+    var closed = false
+    /// True while the loop is feeding this connection's bytes to the parser (responses are then flushed afterwards).
+    var processing = false
+    var interest: UInt32
+    var requestsServed = 0
+    var headStart: UInt64
+    var lastActivity: UInt64
+    var lingerDeadline: UInt64 = 0
+
+    init(fd: Int32, serial: UInt32, limits: HTTPParserLimits, remoteAddress: String, now: UInt64, interest: UInt32) {
+        self.fd = fd
+        self.token = UInt64(serial) << 32 | UInt64(UInt32(bitPattern: fd))
+        self.parser = HTTPRequestParser(limits: limits, remoteAddress: remoteAddress)
+        self.headStart = now
+        self.lastActivity = now
+        self.interest = interest
+    }
+
+    var hasOutput: Bool { outOffset < outBuffer.count }
+}
+
+/// Settings every loop shares, fixed at start.
+struct LoopSettings {
+    var limits: HTTPParserLimits
+    var headerTimeoutMs: UInt64
+    var idleTimeoutMs: UInt64
+    var maxConnections: Int
+    var onResponse: (@Sendable (String?, String, Int, UInt64) -> Void)?
+    var router: Router
+}
+
+/// One thread running `epoll`: accepts on its own `SO_REUSEPORT` socket, reads, parses, dispatches,
+/// writes. Cross-thread work (late responses, shutdown) arrives through a locked inbox and an `eventfd`.
+final class EventLoop: @unchecked Sendable {
+    enum Message {
+        case response(HTTPResponder, HTTPResponse)
+        case beginShutdown
+        case stop
+    }
+
+    private static let readChunk = 64 * 1024
+    private static let maxEvents = 256
+    private static let lingerMs: UInt64 = 2000
+    /// Stop reading from a connection whose pipelined backlog exceeds this while it waits for a response.
+    private static let maxBacklog = 64 * 1024
+
+    private let settings: LoopSettings
+    private let epollFD: Int32
+    private let wakeFD: Int32
+    private var listenFD: Int32
+    private var listenRegistered = false
+    private var acceptResumeAt: UInt64 = 0
+    private var connections: [Connection?] = []
+    private var connectionCount = 0
+    private var nextSerial: UInt32 = 0
+    private let inbox = Mutex<[Message]>([])
+    private let threadID = Atomic<UInt>(0)
+    /// Connections still owed work (not lingering), read by `HTTPServer.shutdown` to know when it drained.
+    let activeConnections = Atomic<Int>(0)
+    private var now: UInt64
+    private var dateSecond = -1
+    private var dateHeader: [UInt8] = []
+    private var shuttingDown = false
+    private var stopped = false
+    private let scratch: UnsafeMutableRawBufferPointer
+    private let sweepIntervalMs: UInt64
+
+    init(listenFD: Int32, settings: LoopSettings) throws {
+        self.settings = settings
+        self.listenFD = listenFD
+        self.epollFD = try blockingSystemCall("epoll_create1") { epoll_create1(Int32(EPOLL_CLOEXEC)) }
+        do {
+            self.wakeFD = try blockingSystemCall("eventfd") { eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC)) }
+        } catch {
+            Glibc.close(epollFD)
+            throw error
+        }
+        self.scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: EventLoop.readChunk, alignment: 16)
+        self.now = monotonicMilliseconds()
+        let shortest = min(settings.headerTimeoutMs, settings.idleTimeoutMs)
+        self.sweepIntervalMs = max(10, min(1000, shortest / 4))
+        try register(wakeFD, events: EPOLLIN.rawValue)
+        try register(listenFD, events: EPOLLIN.rawValue)
+        listenRegistered = true
+        refreshDate()
+    }
+
+    deinit {
+        scratch.deallocate()
+        Glibc.close(epollFD)
+        Glibc.close(wakeFD)
+        if listenFD >= 0 { Glibc.close(listenFD) }
+    }
+
+    var inLoopThread: Bool {
+        threadID.load(ordering: .relaxed) == UInt(pthread_self())
+    }
+
+    /// Hands a message to the loop from any thread.
+    func post(_ message: Message) {
+        let wasEmpty = inbox.withLock { box -> Bool in
+            let empty = box.isEmpty
+            box.append(message)
+            return empty
+        }
+        if wasEmpty {
+            var one: UInt64 = 1
+            _ = try? systemCall("write") { Glibc.write(wakeFD, &one, 8) }
+        }
+    }
+
+    // MARK: - The loop
+
+    func run() {
+        threadID.store(UInt(pthread_self()), ordering: .relaxed)
+        assert(inLoopThread)
+        var events = [epoll_event](repeating: epoll_event(), count: EventLoop.maxEvents)
+        var nextSweep = now + sweepIntervalMs
+        while !stopped {
+            let timeout = Int32(clamping: nextSweep > now ? nextSweep - now : 0)
+            let count: Int32
+            do {
+                switch try systemCall("epoll_wait", { epoll_wait(epollFD, &events, Int32(EventLoop.maxEvents), timeout) }) {
+                case .processed(let n): count = n
+                case .wouldBlock: count = 0
+                }
+            } catch {
+                count = 0
+            }
+            now = monotonicMilliseconds()
+            refreshDate()
+            for i in 0..<Int(count) {
+                let event = events[i]
+                let token = event.data.u64
+                let fd = Int32(bitPattern: UInt32(truncatingIfNeeded: token))
+                if token >> 32 == 0 {
+                    if fd == wakeFD {
+                        drainInbox()
+                    } else if fd == listenFD {
+                        acceptConnections()
+                    }
+                } else if fd >= 0, Int(fd) < connections.count, let connection = connections[Int(fd)],
+                          connection.token == token {
+                    handle(connection, events: event.events)
+                }
+                if stopped { break }
+            }
+            if now >= nextSweep {
+                sweep()
+                nextSweep = now + sweepIntervalMs
+            }
+        }
+        for case let connection? in connections {
+            close(connection)
+        }
+    }
+
+    private func register(_ fd: Int32, token: UInt64? = nil, events: UInt32) throws {
+        var event = epoll_event()
+        event.events = events
+        event.data.u64 = token ?? UInt64(UInt32(bitPattern: fd))
+        try blockingSystemCall("epoll_ctl") { epoll_ctl(epollFD, EPOLL_CTL_ADD, fd, &event) }
+    }
+
+    private func drainInbox() {
+        var value: UInt64 = 0
+        _ = try? systemCall("read") { Glibc.read(wakeFD, &value, 8) }
+        let messages = inbox.withLock { box -> [Message] in
+            let taken = box
+            box.removeAll()
+            return taken
+        }
+        for message in messages {
+            switch message {
+            case .response(let responder, let response):
+                deliver(responder, response)
+            case .beginShutdown:
+                beginShutdown()
+            case .stop:
+                stopped = true
+            }
+        }
+    }
+
+    // MARK: - Accepting
+
+    private func acceptConnections() {
+        for _ in 0..<128 {
+            var address = sockaddr_storage()
+            var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+            let result: IOResult<Int32>
+            do {
+                result = try systemCall("accept4") {
+                    withUnsafeMutablePointer(to: &address) { pointer in
+                        pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                            accept4(listenFD, $0, &length, Int32(SOCK_NONBLOCK.rawValue | SOCK_CLOEXEC.rawValue))
+                        }
+                    }
+                }
+            } catch let error as HTTPServerError {
+                if let code = error.errno, code == EMFILE || code == ENFILE || code == ENOBUFS || code == ENOMEM {
+                    // Out of descriptors: stop watching the listener for a moment instead of spinning on it.
+                    pauseAccepting()
+                    return
+                }
+                continue
+            } catch {
+                return
+            }
+            guard case .processed(let fd) = result else { return }
+            if connectionCount >= settings.maxConnections || shuttingDown {
+                Glibc.close(fd)
+                continue
+            }
+            var one: Int32 = 1
+            _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
+            let interest = EPOLLIN.rawValue | EPOLLRDHUP.rawValue
+            nextSerial = nextSerial == UInt32.max ? 1 : nextSerial + 1
+            let connection = Connection(fd: fd, serial: nextSerial, limits: settings.limits,
+                                        remoteAddress: formatAddress(&address), now: now, interest: interest)
+            do {
+                try register(fd, token: connection.token, events: interest)
+            } catch {
+                Glibc.close(fd)
+                continue
+            }
+            if Int(fd) >= connections.count {
+                connections.append(contentsOf: repeatElement(nil, count: Int(fd) + 1 - connections.count + 64))
+            }
+            connections[Int(fd)] = connection
+            connectionCount += 1
+            activeConnections.add(1, ordering: .relaxed)
+        }
+    }
+
+    private func pauseAccepting() {
+        guard listenRegistered else { return }
+        _ = epoll_ctl(epollFD, EPOLL_CTL_DEL, listenFD, nil)
+        listenRegistered = false
+        acceptResumeAt = now + 100
+    }
+
+    // MARK: - Connection events
+
+    private func handle(_ connection: Connection, events: UInt32) {
+        if events & (EPOLLERR.rawValue | EPOLLHUP.rawValue) != 0 {
+            close(connection)
+            return
+        }
+        if events & EPOLLOUT.rawValue != 0 {
+            flush(connection)
+            if connection.closed { return }
+        }
+        if events & EPOLLIN.rawValue != 0 {
+            readable(connection)
+        } else if events & EPOLLRDHUP.rawValue != 0 {
+            close(connection)
+            return
+        }
+        if !connection.closed {
+            updateInterest(connection)
+        }
+    }
+
+    private func readable(_ connection: Connection) {
+        let count: Int
+        do {
+            switch try systemCall("read", { Glibc.read(connection.fd, scratch.baseAddress, scratch.count) }) {
+            case .processed(let n): count = n
+            case .wouldBlock: return
+            }
+        } catch {
+            close(connection)
+            return
+        }
+        if count == 0 {
+            if connection.hasOutput && connection.pending == nil && !connection.lingering {
+                // A half-closing client may still read: write what is queued, then close.
+                connection.peerHalfClosed = true
+                connection.closeAfterWrite = true
+                connection.inBuffer = []
+                return
+            }
+            // With a response still pending, FIN is how clients hang up: report it through onClose.
+            close(connection)
+            return
+        }
+        connection.lastActivity = now
+        if connection.lingering || connection.closeAfterWrite {
+            return  // the framing is lost or we are closing: what the client still sends is discarded
+        }
+        if connection.inBuffer.isEmpty {
+            if connection.parser.isIdle {
+                connection.headStart = now
+            }
+            let bytes = UnsafeRawBufferPointer(rebasing: scratch[0..<count])
+            let used = feed(connection, bytes)
+            if used < count && !connection.closed && !connection.closeAfterWrite {
+                connection.inBuffer.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[used...]))
+            }
+        } else {
+            connection.inBuffer.append(contentsOf: UnsafeRawBufferPointer(rebasing: scratch[0..<count]))
+            processBuffered(connection)
+        }
+        flush(connection)
+    }
+
+    /// Parses what waits in `inBuffer`, after a pending response was written.
+    private func processBuffered(_ connection: Connection) {
+        guard !connection.inBuffer.isEmpty else { return }
+        let buffered = connection.inBuffer
+        connection.inBuffer = []
+        let used = buffered.withUnsafeBytes { feed(connection, $0) }
+        if used < buffered.count && !connection.closed && !connection.closeAfterWrite {
+            connection.inBuffer = Array(buffered[used...])
+        }
+    }
+
+    /// Feeds bytes to the parser and dispatches requests until one waits for its response.
+    /// - Returns: the bytes consumed.
+    private func feed(_ connection: Connection, _ bytes: UnsafeRawBufferPointer) -> Int {
+        var offset = 0
+        connection.processing = true
+        defer { connection.processing = false }
+        while offset < bytes.count && connection.pending == nil && !connection.closeAfterWrite && !connection.closed {
+            let (used, event) = connection.parser.parse(UnsafeRawBufferPointer(rebasing: bytes[offset...]))
+            offset += used
+            guard let event = event else { continue }
+            switch event {
+            case .continueExpected:
+                connection.outBuffer.append(contentsOf: EventLoop.continueResponse)
+            case .request(let parsed):
+                connection.headStart = now
+                dispatch(connection, parsed)
+            case .failure(let error):
+                let response = HTTPResponse.error(status: error.status, code: error.code, message: error.message)
+                serializeResponse(response, into: &connection.outBuffer, dateHeader: dateHeader, isHead: false,
+                                  keepAlive: false, http10: false)
+                connection.closeAfterWrite = true
+                settings.onResponse?(nil, "", error.status, 0)
+            }
+        }
+        return offset
+    }
+
+    private static let continueResponse: [UInt8] = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
+
+    private func dispatch(_ connection: Connection, _ parsed: ParsedRequest) {
+        let start = settings.onResponse == nil ? 0 : monotonicNanoseconds()
+        let responder = HTTPResponder(loop: self, connection: connection, method: parsed.request.method,
+                                      isHTTP10: parsed.request.version == .http1_0, keepAlive: parsed.keepAlive, startNanoseconds: start)
+        connection.pending = responder
+        settings.router.route(parsed.request, responder)
+    }
+
+    /// Writes a response on the loop thread, in order, then resumes the connection if it was waiting.
+    func deliver(_ responder: HTTPResponder, _ response: HTTPResponse) {
+        assert(inLoopThread, "responses are written on their connection's own loop")
+        guard let connection = responder.connection, !connection.closed, connection.pending === responder else { return }
+        connection.pending = nil
+        var keepAlive = responder.keepAlive && !shuttingDown
+        if keepAlive, let value = response.headers["Connection"], value.lowercased().contains("close") {
+            keepAlive = false
+        }
+        serializeResponse(response, into: &connection.outBuffer, dateHeader: dateHeader, isHead: responder.isHead,
+                          keepAlive: keepAlive, http10: responder.isHTTP10)
+        if !keepAlive {
+            connection.closeAfterWrite = true
+        }
+        connection.requestsServed += 1
+        if let onResponse = settings.onResponse {
+            let elapsed = monotonicNanoseconds() &- responder.startNanoseconds
+            onResponse(responder.routePattern, responder.method, response.status, elapsed)
+        }
+        if !connection.processing {
+            flush(connection)
+            if !connection.closed && !connection.closeAfterWrite && !connection.inBuffer.isEmpty {
+                processBuffered(connection)
+                flush(connection)
+            }
+            if !connection.closed {
+                updateInterest(connection)
+            }
+        }
+    }
+
+    // MARK: - Writing
+
+    private func flush(_ connection: Connection) {
+        while connection.hasOutput {
+            let offset = connection.outOffset
+            let result: IOResult<Int>
+            do {
+                result = try systemCall("send") {
+                    connection.outBuffer.withUnsafeBytes { buffer -> Int in
+                        guard let base = buffer.baseAddress else { return 0 }
+                        return Glibc.send(connection.fd, base + offset, buffer.count - offset, Int32(MSG_NOSIGNAL))
+                    }
+                }
+            } catch {
+                close(connection)
+                return
+            }
+            guard case .processed(let written) = result else { return }
+            connection.outOffset += written
+            connection.lastActivity = now
+        }
+        if connection.outBuffer.capacity > 256 * 1024 {
+            connection.outBuffer = []
+        } else {
+            connection.outBuffer.removeAll(keepingCapacity: true)
+        }
+        connection.outOffset = 0
+        if connection.closeAfterWrite && connection.pending == nil && !connection.lingering {
+            if connection.peerHalfClosed {
+                close(connection)
+            } else {
+                startLingering(connection)
+            }
+        }
+    }
+
+    /// Half-closes after the last response and drains what the client still sends, so that unread
+    /// request bytes don't turn our close into a reset that destroys the response in flight.
+    private func startLingering(_ connection: Connection) {
+        connection.lingering = true
+        connection.inBuffer = []
+        connection.lingerDeadline = now + EventLoop.lingerMs
+        activeConnections.subtract(1, ordering: .relaxed)
+        _ = Glibc.shutdown(connection.fd, Int32(SHUT_WR))
+    }
+
+    private func updateInterest(_ connection: Connection) {
+        // After the client's FIN, EPOLLIN and EPOLLRDHUP would stay ready forever: wait for EPOLLOUT only.
+        var wanted = connection.peerHalfClosed ? 0 : EPOLLRDHUP.rawValue
+        let reading = !connection.peerHalfClosed && (connection.lingering
+            || (!connection.closeAfterWrite && (connection.pending == nil || connection.inBuffer.count < EventLoop.maxBacklog)))
+        if reading { wanted |= EPOLLIN.rawValue }
+        if connection.hasOutput { wanted |= EPOLLOUT.rawValue }
+        if wanted == connection.interest { return }
+        var event = epoll_event()
+        event.events = wanted
+        event.data.u64 = connection.token
+        if epoll_ctl(epollFD, EPOLL_CTL_MOD, connection.fd, &event) == 0 {
+            connection.interest = wanted
+        } else {
+            close(connection)
+        }
+    }
+
+    private func close(_ connection: Connection) {
+        guard !connection.closed else { return }
+        connection.closed = true
+        Glibc.close(connection.fd)
+        if Int(connection.fd) < connections.count, connections[Int(connection.fd)] === connection {
+            connections[Int(connection.fd)] = nil
+        }
+        connectionCount -= 1
+        if !connection.lingering {
+            activeConnections.subtract(1, ordering: .relaxed)
+        }
+        connection.inBuffer = []
+        connection.outBuffer = []
+        if let pending = connection.pending {
+            connection.pending = nil
+            pending.connectionDidClose()
+        }
+    }
+
+    // MARK: - Timers
+
+    /// The coarse timer: one pass over the connections every `sweepIntervalMs`, so that no request pays
+    /// for arming or cancelling a timer.
+    private func sweep() {
+        if !listenRegistered && listenFD >= 0 && now >= acceptResumeAt && !shuttingDown {
+            if (try? register(listenFD, events: EPOLLIN.rawValue)) != nil {
+                listenRegistered = true
+            }
+        }
+        for case let connection? in connections {
+            if let deadline = deadline(of: connection), now >= deadline {
+                close(connection)
+            }
+        }
+    }
+
+    private func deadline(of connection: Connection) -> UInt64? {
+        if connection.lingering { return connection.lingerDeadline }
+        if connection.hasOutput { return connection.lastActivity + settings.idleTimeoutMs }
+        if connection.pending != nil { return nil }
+        if connection.parser.isReadingBody { return connection.lastActivity + settings.headerTimeoutMs }
+        if connection.parser.isIdle && connection.inBuffer.isEmpty {
+            if connection.requestsServed == 0 {
+                return connection.headStart + settings.headerTimeoutMs
+            }
+            return connection.lastActivity + settings.idleTimeoutMs
+        }
+        return connection.headStart + settings.headerTimeoutMs
+    }
+
+    private func refreshDate() {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME_COARSE, &ts)
+        let second = ts.tv_sec
+        if second == dateSecond { return }
+        dateSecond = second
+        dateHeader = Array("Date: \(httpDate(seconds: second))\r\n".utf8)
+    }
+
+    // MARK: - Shutdown
+
+    private func beginShutdown() {
+        guard !shuttingDown else { return }
+        shuttingDown = true
+        if listenFD >= 0 {
+            if listenRegistered {
+                _ = epoll_ctl(epollFD, EPOLL_CTL_DEL, listenFD, nil)
+            }
+            Glibc.close(listenFD)
+            listenFD = -1
+            listenRegistered = false
+        }
+        for case let connection? in connections {
+            // In flight means dispatched, being written, or its body being received; a half-received
+            // head is not worth holding the shutdown for.
+            let idle = connection.pending == nil && !connection.hasOutput && !connection.parser.isReadingBody
+            if idle || connection.lingering {
+                close(connection)
+            }
+        }
+    }
+}
+
+/// Formats an IPv4/IPv6 peer address as `host:port`.
+private func formatAddress(_ storage: inout sockaddr_storage) -> String {
+    var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
+    switch Int32(storage.ss_family) {
+    case AF_INET:
+        return withUnsafePointer(to: &storage) { pointer in
+            pointer.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
+                var addr = sin.pointee.sin_addr
+                inet_ntop(AF_INET, &addr, &buffer, socklen_t(buffer.count))
+                return "\(String(cString: buffer)):\(UInt16(bigEndian: sin.pointee.sin_port))"
+            }
+        }
+    case AF_INET6:
+        return withUnsafePointer(to: &storage) { pointer in
+            pointer.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
+                var addr = sin6.pointee.sin6_addr
+                inet_ntop(AF_INET6, &addr, &buffer, socklen_t(buffer.count))
+                return "[\(String(cString: buffer))]:\(UInt16(bigEndian: sin6.pointee.sin6_port))"
+            }
+        }
+    default:
+        return ""
+    }
+}
+
+/// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`) for the `Date` header.
+func httpDate(seconds: Int) -> String {
+    var time = time_t(seconds)
+    var parts = tm()
+    gmtime_r(&time, &parts)
+    let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
+    let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+    func two(_ n: Int32) -> String { n < 10 ? "0\(n)" : "\(n)" }
+    let day = days[Int(parts.tm_wday) % 7]
+    let month = months[Int(parts.tm_mon) % 12]
+    return "\(day), \(two(parts.tm_mday)) \(month) \(parts.tm_year + 1900) \(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
+}
