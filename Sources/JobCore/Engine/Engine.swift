@@ -48,7 +48,7 @@ public final class Engine: @unchecked Sendable {
         let unfinished = try store.unfinishedJobs()
         var resumed = 0
         var refused: [JobRecord] = []
-        queue.sync {
+        queue.sync { () -> Void in
             for (job, nodes) in unfinished {
                 if let run = rebuild(job, nodes) {
                     activate(run)
@@ -307,7 +307,7 @@ public final class Engine: @unchecked Sendable {
     public func waitForChange(
         id: String, afterVersion: Int64?, timeoutMs: Int, _ callback: @escaping @Sendable (JobRecord?) -> Void
     ) -> Cancellable? {
-        let registered: Waiter? = queue.sync {
+        let registered: Waiter? = queue.sync { () -> Waiter? in
             guard let run = runs[id] else { return nil }
             let waiter = Waiter(afterVersion: afterVersion, callback: callback)
             if waiter.isSatisfied(by: run.record) || shuttingDown || timeoutMs <= 0 {
