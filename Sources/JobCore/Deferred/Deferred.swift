@@ -248,6 +248,13 @@ public class Deferred {
             lastMisuse = .alreadyCalled
             throw DeferredError.alreadyCalled
         }
+        if chained && pauseCount > 0 {
+            // Fired (or cancelled) directly while waiting to be notified: it stops waiting, and the
+            // notifying chain skips it later, so its first fire stands. (HLDeferred instead parks the
+            // value and overwrites it with the notifier's result.)
+            pauseCount -= 1
+            chained = false
+        }
         called = true
         canceller = nil
         currentResult = replacingCancellation(value)
@@ -267,6 +274,7 @@ public class Deferred {
     /// Makes `other` take this Deferred's current value when the chain reaches this point, without
     /// `other`'s links affecting this chain. `other` must be unfired and not already waiting on
     /// another Deferred; otherwise the call is refused (`lastMisuse` is `alreadyCalled`/`alreadyChained`).
+    /// If `other` is fired or cancelled before then, it stops waiting and keeps that first value.
     @discardableResult
     public func notify(_ other: Deferred) -> Deferred {
         if finalized {
@@ -341,6 +349,9 @@ public class Deferred {
                 current.chainHead += 1
                 switch link {
                 case .continuation(let waiting):
+                    if waiting.called && !(waiting.currentResult is Deferred) {
+                        continue links  // a notified Deferred that was fired directly meanwhile
+                    }
                     waiting.currentResult = waiting.replacingCancellation(current.currentResult)
                     waiting.pauseCount -= 1
                     stack.append(waiting)

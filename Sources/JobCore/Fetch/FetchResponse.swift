@@ -1,0 +1,200 @@
+/// A complete HTTP response, with its body read as the request's `expect` asked.
+public struct FetchResponse: Sendable {
+    /// The final response's status code.
+    public var status: Int
+    /// The final response's header fields (after redirects): names lowercased,
+    /// repeated fields joined with `", "`, in first-seen order.
+    public var headers: [(name: String, value: String)]
+    /// The body: the parsed value for `json`, a string for `text` and `base64`.
+    public var body: JSONValue
+    /// `"json"`, `"text"` or `"base64"`.
+    public var bodyEncoding: String
+    /// The body's bytes as received.
+    public var rawBody: [UInt8]
+    /// The `content-type` header, if any.
+    public var contentType: String?
+    /// The body's length in bytes.
+    public var bytes: Int
+    /// Milliseconds from `Fetcher.start` to the end of the transfer, retries and backoffs included.
+    public var elapsedMs: Int
+    /// The final URL, after redirects.
+    public var url: String
+
+    /// Creates a response value.
+    public init(
+        status: Int, headers: [(name: String, value: String)], body: JSONValue, bodyEncoding: String,
+        rawBody: [UInt8], contentType: String?, bytes: Int, elapsedMs: Int, url: String
+    ) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.bodyEncoding = bodyEncoding
+        self.rawBody = rawBody
+        self.contentType = contentType
+        self.bytes = bytes
+        self.elapsedMs = elapsedMs
+        self.url = url
+    }
+
+    /// The value of header `name` (any case), if present.
+    public func header(_ name: String) -> String? {
+        let key = name.lowercased()
+        return headers.first(where: { $0.name == key })?.value
+    }
+
+    /// The fetch node's result object of API.md §1.2:
+    /// `{"status","headers","body","body_encoding","bytes","elapsed_ms","url"}` in that order.
+    public var json: JSONValue {
+        .object([
+            JSONMember("status", .int(status)),
+            JSONMember("headers", .object(headers.map { JSONMember($0.name, .string($0.value)) })),
+            JSONMember("body", body),
+            JSONMember("body_encoding", .string(bodyEncoding)),
+            JSONMember("bytes", .int(bytes)),
+            JSONMember("elapsed_ms", .int(elapsedMs)),
+            JSONMember("url", .string(url)),
+        ])
+    }
+}
+
+/// How one `Fetcher.start` ended.
+public struct FetchOutcome: Sendable {
+    /// The response, or the error (its `node` left `nil` for the engine to fill).
+    public var result: Result<FetchResponse, NodeError>
+    /// The number of attempts started (1 when no retry happened; 0 if cancelled before the first).
+    public var attempts: Int
+    /// The last complete response, also on an `http_status` failure so its body can be kept.
+    public var lastResponse: FetchResponse?
+
+    /// Creates an outcome value.
+    public init(result: Result<FetchResponse, NodeError>, attempts: Int, lastResponse: FetchResponse?) {
+        self.result = result
+        self.attempts = attempts
+        self.lastResponse = lastResponse
+    }
+}
+
+/// A snapshot of a `Fetcher`'s counters, for metrics.
+public struct FetcherStats: Sendable, Equatable {
+    /// The upper bounds (ms, inclusive) of the latency histogram's buckets; a last, unbounded bucket follows.
+    public static let latencyBoundsMs = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000]
+
+    /// Completed fetches by outcome: `"succeeded"` or an `ErrorKind` raw value.
+    public var outcomes: [String: Int] = [:]
+    /// Completed fetches per latency bucket: `latencyBoundsMs.count + 1` entries, not cumulative.
+    public var latencyCounts = [Int](repeating: 0, count: FetcherStats.latencyBoundsMs.count + 1)
+    /// The sum of all completed fetches' `elapsedMs`.
+    public var latencySumMs = 0
+    /// Attempts started, first attempts and retries together.
+    public var attempts = 0
+    /// Transfers started and not yet completed.
+    public var inFlight = 0
+
+    /// An empty snapshot.
+    public init() {}
+
+    /// The number of completed fetches.
+    public var completed: Int { latencyCounts.reduce(0, +) }
+
+    mutating func record(outcome: String, elapsedMs: Int) {
+        outcomes[outcome, default: 0] += 1
+        let index = FetcherStats.latencyBoundsMs.firstIndex(where: { elapsedMs <= $0 }) ?? FetcherStats.latencyBoundsMs.count
+        latencyCounts[index] += 1
+        latencySumMs += elapsedMs
+    }
+}
+
+/// Reading a body as `expect` asks (API.md §1.2).
+enum BodyDecoder {
+    enum Decoded {
+        case value((JSONValue, String))
+        case invalidJSON(String)
+    }
+
+    /// The decoded body and its encoding, or an `invalid_json` message.
+    ///
+    /// - `json`: the body must parse, else `invalid_json`.
+    /// - `text`: a string when the bytes are valid UTF-8; otherwise base64 (the
+    ///   encoding says so) rather than a failure, so no byte is lost.
+    /// - `bytes`: always base64.
+    /// - `auto`: JSON when the content type says JSON (`application/json`,
+    ///   `*+json`) and the body parses; text when the type is textual (or absent)
+    ///   and the bytes are UTF-8; base64 otherwise. `auto` never fails.
+    static func decode(_ raw: [UInt8], contentType: String?, expect: FetchExpect) -> Decoded {
+        switch expect {
+        case .json:
+            do {
+                return .value((try JSONValue.parse(raw), "json"))
+            } catch {
+                return .invalidJSON("response body is not valid JSON: \(error)")
+            }
+        case .text:
+            if let text = String(validating: raw, as: UTF8.self) { return .value((.string(text), "text")) }
+            return .value((.string(Base64.encode(raw)), "base64"))
+        case .bytes:
+            return .value((.string(Base64.encode(raw)), "base64"))
+        case .auto:
+            let type = mediaType(contentType)
+            if isJSON(type), let value = try? JSONValue.parse(raw) { return .value((value, "json")) }
+            if type.isEmpty || isTextual(type) || isJSON(type), let text = String(validating: raw, as: UTF8.self) {
+                return .value((.string(text), "text"))
+            }
+            return .value((.string(Base64.encode(raw)), "base64"))
+        }
+    }
+
+    /// `type/subtype` lowercased, without parameters.
+    static func mediaType(_ contentType: String?) -> String {
+        guard let contentType else { return "" }
+        let bare = contentType.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
+        return bare.trimmingSpaces().lowercased()
+    }
+
+    static func isJSON(_ type: String) -> Bool {
+        type == "application/json" || type.hasSuffix("+json")
+    }
+
+    static func isTextual(_ type: String) -> Bool {
+        type.hasPrefix("text/") || type.hasSuffix("+xml") || type == "application/xml"
+            || type == "application/javascript" || type == "application/x-www-form-urlencoded"
+            || type == "application/x-ndjson"
+    }
+}
+
+extension Substring {
+    func trimmingSpaces() -> String {
+        var slice = self[...]
+        while let first = slice.first, first == " " || first == "\t" { slice = slice.dropFirst() }
+        while let last = slice.last, last == " " || last == "\t" || last == "\r" || last == "\n" { slice = slice.dropLast() }
+        return String(slice)
+    }
+}
+
+/// Standard base64 (RFC 4648 §4) with padding.
+enum Base64 {
+    private static let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
+
+    static func encode(_ bytes: [UInt8]) -> String {
+        var out = [UInt8]()
+        out.reserveCapacity((bytes.count + 2) / 3 * 4)
+        var index = 0
+        while index + 3 <= bytes.count {
+            let n = UInt32(bytes[index]) << 16 | UInt32(bytes[index + 1]) << 8 | UInt32(bytes[index + 2])
+            out.append(alphabet[Int(n >> 18 & 63)])
+            out.append(alphabet[Int(n >> 12 & 63)])
+            out.append(alphabet[Int(n >> 6 & 63)])
+            out.append(alphabet[Int(n & 63)])
+            index += 3
+        }
+        let rest = bytes.count - index
+        if rest > 0 {
+            var n = UInt32(bytes[index]) << 16
+            if rest == 2 { n |= UInt32(bytes[index + 1]) << 8 }
+            out.append(alphabet[Int(n >> 18 & 63)])
+            out.append(alphabet[Int(n >> 12 & 63)])
+            out.append(rest == 2 ? alphabet[Int(n >> 6 & 63)] : UInt8(ascii: "="))
+            out.append(UInt8(ascii: "="))
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+}

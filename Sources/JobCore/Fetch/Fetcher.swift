@@ -1,0 +1,672 @@
+import CCurl
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Cancels one transfer started by `Fetcher.start`.
+public final class FetchHandle: @unchecked Sendable {
+    private weak var loop: FetchLoop?
+    private let transfer: Transfer
+
+    init(loop: FetchLoop?, transfer: Transfer) {
+        self.loop = loop
+        self.transfer = transfer
+    }
+
+    /// Aborts the transfer (closing its connection) or its backoff wait; the
+    /// completion then reports kind `cancelled`. Idempotent; callable from any
+    /// thread; does nothing once the transfer completed.
+    public func cancel() {
+        loop?.cancel(transfer)
+    }
+}
+
+/// Runs HTTP transfers with libcurl: one thread drives one `curl_multi` handle
+/// for every transfer of the process.
+///
+/// libcurl does connection reuse, the total and per-host connection limits,
+/// redirects (at most 5, http/https only), timeouts and HTTP/2 where TLS offers
+/// it. The deny list is checked on each resolved address before its socket is
+/// opened. `start` and `FetchHandle.cancel` may be called from any thread: they
+/// queue the work and wake the fetcher's thread, which makes every curl call.
+public final class Fetcher: @unchecked Sendable {
+    private let loop: FetchLoop
+
+    /// Starts the fetcher's thread.
+    /// - Throws: `FetcherError` for an invalid deny CIDR or when libcurl cannot start.
+    public init(configuration: FetcherConfiguration) throws {
+        loop = try FetchLoop(configuration: configuration)
+    }
+
+    deinit { loop.shutdown() }
+
+    /// Starts a transfer, with its retries.
+    ///
+    /// - Parameters:
+    ///   - request: what to fetch.
+    ///   - timeoutMs: the limit of each attempt's whole transfer, connect included; none if `nil`.
+    ///   - onAttempt: called on the fetcher's thread when attempt `n` (from 1) starts.
+    ///   - completion: called exactly once with the outcome, on the fetcher's thread
+    ///     (on the caller's thread if the fetcher is already shut down).
+    /// - Returns: a handle that cancels the transfer.
+    @discardableResult
+    public func start(
+        _ request: FetchRequest, timeoutMs: Int? = nil, onAttempt: (@Sendable (Int) -> Void)? = nil,
+        completion: @escaping @Sendable (FetchOutcome) -> Void
+    ) -> FetchHandle {
+        loop.start(request, timeoutMs: timeoutMs, onAttempt: onAttempt, completion: completion)
+    }
+
+    /// Transfers started and not yet completed (backoff waits included).
+    public var inFlight: Int { loop.inFlight }
+
+    /// A snapshot of the counters.
+    public var stats: FetcherStats { loop.stats }
+
+    /// Cancels every transfer (each completes with `cancelled`), stops the thread
+    /// and waits for it. Later `start` calls complete at once with `cancelled`.
+    public func shutdown() { loop.shutdown() }
+}
+
+/// `curl_global_init` once per process, before the first handle.
+private let curlGlobal: CURLcode = curl_global_init(Int(CURL_GLOBAL_ALL))
+
+/// A small mutex private to the fetcher, held for a few instructions at a time.
+private final class Mutex {
+    private let raw: UnsafeMutablePointer<pthread_mutex_t>
+
+    init() {
+        raw = .allocate(capacity: 1)
+        raw.initialize(to: pthread_mutex_t())
+        pthread_mutex_init(raw, nil)
+    }
+
+    deinit {
+        pthread_mutex_destroy(raw)
+        raw.deallocate()
+    }
+
+    func withLock<T>(_ body: () throws -> T) rethrows -> T {
+        pthread_mutex_lock(raw)
+        defer { pthread_mutex_unlock(raw) }
+        return try body()
+    }
+}
+
+/// One `start` call, across its attempts. Mutable fields other than
+/// `cancelRequested` belong to the fetcher's thread.
+final class Transfer {
+    enum Phase { case queued, running, backoff(dueMs: Int64), done }
+
+    let request: FetchRequest
+    let method: String
+    let timeoutMs: Int?
+    let maxBytes: Int
+    let onAttempt: (@Sendable (Int) -> Void)?
+    let completion: @Sendable (FetchOutcome) -> Void
+    let startedMs: Int64
+    let denyList: [AddressRange]
+
+    /// Guarded by the loop's mutex.
+    var cancelRequested = false
+
+    var phase = Phase.queued
+    var attempts = 0
+    var lastResponse: FetchResponse?
+
+    // The current attempt.
+    var easy: UnsafeMutableRawPointer?
+    var headerList: UnsafeMutablePointer<curl_slist>?
+    let errorBuffer: UnsafeMutablePointer<CChar>
+    var body: [UInt8] = []
+    var headers: [(name: String, value: String)] = []
+    var status = 0
+    var tooLarge = false
+    var deniedMessage: String?
+
+    init(request: FetchRequest, timeoutMs: Int?, maxBytes: Int, denyList: [AddressRange],
+         onAttempt: (@Sendable (Int) -> Void)?, completion: @escaping @Sendable (FetchOutcome) -> Void) {
+        self.request = request
+        self.method = request.method.uppercased()
+        self.timeoutMs = timeoutMs
+        self.maxBytes = maxBytes
+        self.denyList = denyList
+        self.onAttempt = onAttempt
+        self.completion = completion
+        self.startedMs = Timestamp.monotonicMs()
+        errorBuffer = .allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
+        errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
+    }
+
+    deinit {
+        errorBuffer.deallocate()
+    }
+
+    func resetAttempt() {
+        body = []
+        headers = []
+        status = 0
+        tooLarge = false
+        deniedMessage = nil
+        errorBuffer[0] = 0
+    }
+
+    /// Records one header line of a response; a status line starts a new response
+    /// (a redirect hop or an interim `100`), so only the final one's fields remain.
+    /// Returns false when a declared length already exceeds the limit.
+    func headerLine(_ line: UnsafeBufferPointer<UInt8>) -> Bool {
+        var end = line.count
+        while end > 0, line[end - 1] == 10 || line[end - 1] == 13 { end -= 1 }
+        if end == 0 { return checkDeclaredLength() }
+        let text = String(decoding: UnsafeBufferPointer(rebasing: line[0..<end]), as: UTF8.self)
+        if text.hasPrefix("HTTP/") {
+            headers = []
+            let parts = text.split(separator: " ", maxSplits: 2)
+            status = parts.count >= 2 ? Int(parts[1]) ?? 0 : 0
+            return true
+        }
+        if let first = text.first, first == " " || first == "\t" {
+            // obs-fold continuation of the previous field
+            if let lastIndex = headers.indices.last {
+                headers[lastIndex].value += " " + text[...].trimmingSpaces()
+            }
+            return true
+        }
+        guard let colon = text.firstIndex(of: ":") else { return true }
+        let name = text[..<colon].lowercased()
+        let value = text[text.index(after: colon)...].trimmingSpaces()
+        if let index = headers.firstIndex(where: { $0.name == name }) {
+            headers[index].value += ", " + value
+        } else {
+            headers.append((name: name, value: value))
+        }
+        return true
+    }
+
+    private func checkDeclaredLength() -> Bool {
+        if request.followRedirects, (300..<400).contains(status), headers.contains(where: { $0.name == "location" }) {
+            return true
+        }
+        if let declared = headers.first(where: { $0.name == "content-length" }), let length = Int(declared.value),
+            length > maxBytes, method != "HEAD"
+        {
+            tooLarge = true
+            return false
+        }
+        return true
+    }
+
+    func bodyChunk(_ chunk: UnsafeBufferPointer<UInt8>) -> Bool {
+        if body.count + chunk.count > maxBytes {
+            tooLarge = true
+            return false
+        }
+        body.append(contentsOf: chunk)
+        return true
+    }
+
+    /// The opensocket check: false (and a message) for an address in the deny list.
+    func allows(_ address: [UInt8]) -> Bool {
+        guard let range = denyList.first(where: { $0.contains(address) }) else { return true }
+        deniedMessage = "address \(AddressRange.format(address)) is denied (\(range))"
+        return false
+    }
+}
+
+// MARK: - C callbacks
+
+private let writeCallback: curl_write_callback = { data, size, count, user in
+    guard let user else { return 0 }
+    let transfer = Unmanaged<Transfer>.fromOpaque(user).takeUnretainedValue()
+    let length = size * count
+    guard let data, length > 0 else { return length }
+    let chunk = UnsafeBufferPointer(start: UnsafeRawPointer(data).assumingMemoryBound(to: UInt8.self), count: length)
+    return transfer.bodyChunk(chunk) ? length : 0
+}
+
+private let headerCallback: curl_write_callback = { data, size, count, user in
+    guard let user else { return 0 }
+    let transfer = Unmanaged<Transfer>.fromOpaque(user).takeUnretainedValue()
+    let length = size * count
+    guard let data, length > 0 else { return length }
+    let line = UnsafeBufferPointer(start: UnsafeRawPointer(data).assumingMemoryBound(to: UInt8.self), count: length)
+    return transfer.headerLine(line) ? length : 0
+}
+
+private let openSocketCallback: curl_opensocket_callback = { user, purpose, address in
+    guard let address else { return CURL_SOCKET_BAD }
+    let family = address.pointee.family
+    if let user, purpose == CURLSOCKTYPE_IPCXN {
+        let transfer = Unmanaged<Transfer>.fromOpaque(user).takeUnretainedValue()
+        let raw = UnsafeMutableRawPointer(address) + MemoryLayout<curl_sockaddr>.offset(of: \curl_sockaddr.addr)!
+        var bytes: [UInt8] = []
+        if family == AF_INET {
+            let sin = raw.load(as: sockaddr_in.self)
+            bytes = withUnsafeBytes(of: sin.sin_addr) { Array($0) }
+        } else if family == AF_INET6 {
+            let sin6 = raw.load(as: sockaddr_in6.self)
+            bytes = withUnsafeBytes(of: sin6.sin6_addr) { Array($0) }
+        }
+        if !bytes.isEmpty, !transfer.allows(bytes) { return CURL_SOCKET_BAD }
+    }
+    return socket(family, address.pointee.socktype | Int32(SOCK_CLOEXEC.rawValue), address.pointee.protocol)
+}
+
+// MARK: - The loop
+
+/// The state owned by the fetcher's thread, plus the locked queue that feeds it.
+final class FetchLoop: @unchecked Sendable {
+    private let configuration: FetcherConfiguration
+    private let denyList: [AddressRange]
+    private let multi: UnsafeMutableRawPointer
+    private let mutex = Mutex()
+
+    // Guarded by `mutex`.
+    private var incoming: [Transfer] = []
+    private var cancels: [Transfer] = []
+    private var stopping = false
+    private var closed = false
+    private var counters = FetcherStats()
+    private var thread: pthread_t?
+
+    // The fetcher's thread only.
+    private var running: [ObjectIdentifier: Transfer] = [:]
+    private var waiting: [Transfer] = []
+    private var random = SystemRandomNumberGenerator()
+
+    init(configuration: FetcherConfiguration) throws {
+        guard curlGlobal == CURLE_OK else { throw FetcherError("curl_global_init failed") }
+        self.configuration = configuration
+        denyList = try configuration.denyCIDRs.map { try AddressRange(cidr: $0) }
+        guard configuration.maxConcurrentFetches > 0, configuration.maxPerHost > 0 else {
+            throw FetcherError("connection limits must be positive")
+        }
+        guard let multi = curl_multi_init() else { throw FetcherError("curl_multi_init failed") }
+        self.multi = multi
+        ccurl_multi_setopt_long(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, configuration.maxConcurrentFetches)
+        ccurl_multi_setopt_long(multi, CURLMOPT_MAX_HOST_CONNECTIONS, configuration.maxPerHost)
+        ccurl_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, configuration.maxConcurrentFetches)
+        ccurl_multi_setopt_long(multi, CURLMOPT_PIPELINING, Int(CURLPIPE_MULTIPLEX))
+
+        let box = Unmanaged.passRetained(self).toOpaque()
+        var tid = pthread_t()
+        let created = pthread_create(&tid, nil, { arg in
+            guard let arg else { return nil }
+            let loop = Unmanaged<FetchLoop>.fromOpaque(arg).takeRetainedValue()
+            loop.run()
+            return nil
+        }, box)
+        guard created == 0 else {
+            Unmanaged<FetchLoop>.fromOpaque(box).release()
+            curl_multi_cleanup(multi)
+            throw FetcherError("cannot start the fetcher's thread (error \(created))")
+        }
+        thread = tid
+    }
+
+    var inFlight: Int { mutex.withLock { counters.inFlight } }
+    var stats: FetcherStats { mutex.withLock { counters } }
+
+    func start(
+        _ request: FetchRequest, timeoutMs: Int?, onAttempt: (@Sendable (Int) -> Void)?,
+        completion: @escaping @Sendable (FetchOutcome) -> Void
+    ) -> FetchHandle {
+        let transfer = Transfer(
+            request: request, timeoutMs: timeoutMs, maxBytes: request.maxBytes ?? configuration.maxResponseBytes,
+            denyList: denyList, onAttempt: onAttempt, completion: completion)
+        let accepted = mutex.withLock { () -> Bool in
+            guard !stopping else { return false }
+            incoming.append(transfer)
+            counters.inFlight += 1
+            curl_multi_wakeup(multi)
+            return true
+        }
+        if !accepted {
+            transfer.phase = .done
+            completion(FetchOutcome(
+                result: .failure(NodeError(.cancelled, "\(transfer.method) \(request.url) cancelled: the fetcher is shut down")),
+                attempts: 0, lastResponse: nil))
+        }
+        return FetchHandle(loop: self, transfer: transfer)
+    }
+
+    func cancel(_ transfer: Transfer) {
+        mutex.withLock {
+            guard !closed, !transfer.cancelRequested else { return }
+            transfer.cancelRequested = true
+            cancels.append(transfer)
+            curl_multi_wakeup(multi)
+        }
+    }
+
+    func shutdown() {
+        let toJoin: pthread_t? = mutex.withLock {
+            stopping = true
+            if !closed { curl_multi_wakeup(multi) }
+            let t = thread
+            thread = nil
+            return t
+        }
+        guard let toJoin else { return }
+        if pthread_equal(toJoin, pthread_self()) != 0 {
+            // Called from a completion on the fetcher's own thread: it exits after this pass.
+            pthread_detach(toJoin)
+            return
+        }
+        pthread_join(toJoin, nil)
+    }
+
+    // MARK: the fetcher's thread
+
+    private func run() {
+        var stillRunning: Int32 = 0
+        while true {
+            let (starts, cancelled, stop) = mutex.withLock { () -> ([Transfer], [Transfer], Bool) in
+                defer {
+                    incoming.removeAll(keepingCapacity: true)
+                    cancels.removeAll(keepingCapacity: true)
+                }
+                // A transfer cancelled before it began is completed by the cancel pass, never started.
+                return (incoming.filter { !$0.cancelRequested }, cancels, stopping)
+            }
+            for transfer in starts { beginAttempt(transfer) }
+            for transfer in cancelled { abort(transfer) }
+            if stop { break }
+            fireDueBackoffs()
+            curl_multi_perform(multi, &stillRunning)
+            collectFinished()
+
+            var waitMs = 1000
+            var curlTimeout = -1
+            curl_multi_timeout(multi, &curlTimeout)
+            if curlTimeout >= 0 { waitMs = min(waitMs, curlTimeout) }
+            if let due = nextBackoffDue() { waitMs = min(waitMs, max(0, Int(due - Timestamp.monotonicMs()))) }
+            if waitMs > 0 { curl_multi_poll(multi, nil, 0, Int32(waitMs), nil) }
+        }
+        let leftovers = mutex.withLock { () -> [Transfer] in
+            let list = incoming
+            incoming.removeAll()
+            return list
+        }
+        for transfer in Array(running.values) + waiting + leftovers { abort(transfer) }
+        mutex.withLock { closed = true }
+        curl_multi_cleanup(multi)
+    }
+
+    private func beginAttempt(_ transfer: Transfer) {
+        if case .done = transfer.phase { return }
+        transfer.attempts += 1
+        mutex.withLock { counters.attempts += 1 }
+        transfer.onAttempt?(transfer.attempts)
+        transfer.resetAttempt()
+        guard let easy = curl_easy_init() else {
+            complete(transfer, .failure(NodeError(.internal, "curl_easy_init failed")))
+            return
+        }
+        transfer.easy = easy
+        let request = transfer.request
+        let me = Unmanaged.passUnretained(transfer).toOpaque()
+        var ok = true
+        func check(_ code: CURLcode) { if code != CURLE_OK { ok = false } }
+        check(ccurl_easy_setopt_str(easy, CURLOPT_URL, request.url))
+        check(ccurl_easy_setopt_ptr(easy, CURLOPT_PRIVATE, me))
+        check(ccurl_easy_setopt_ptr(easy, CURLOPT_ERRORBUFFER, transfer.errorBuffer))
+        check(ccurl_easy_setopt_write_function(easy, CURLOPT_WRITEFUNCTION, writeCallback))
+        check(ccurl_easy_setopt_ptr(easy, CURLOPT_WRITEDATA, me))
+        check(ccurl_easy_setopt_write_function(easy, CURLOPT_HEADERFUNCTION, headerCallback))
+        check(ccurl_easy_setopt_ptr(easy, CURLOPT_HEADERDATA, me))
+        check(ccurl_easy_setopt_opensocket_function(easy, openSocketCallback))
+        check(ccurl_easy_setopt_ptr(easy, CURLOPT_OPENSOCKETDATA, me))
+        check(ccurl_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
+        check(ccurl_easy_setopt_str(easy, CURLOPT_PROTOCOLS_STR, "http,https"))
+        check(ccurl_easy_setopt_str(easy, CURLOPT_REDIR_PROTOCOLS_STR, "http,https"))
+        check(ccurl_easy_setopt_long(easy, CURLOPT_FOLLOWLOCATION, request.followRedirects ? 1 : 0))
+        check(ccurl_easy_setopt_long(easy, CURLOPT_MAXREDIRS, 5))
+        check(ccurl_easy_setopt_long(easy, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_2TLS))
+        check(ccurl_easy_setopt_long(easy, CURLOPT_NETRC, Int(CURL_NETRC_IGNORED.rawValue)))
+        check(ccurl_easy_setopt_str(easy, CURLOPT_PROXY, configuration.proxy ?? ""))
+        check(ccurl_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, configuration.connectTimeoutMs))
+        if let timeoutMs = transfer.timeoutMs { check(ccurl_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, max(1, timeoutMs))) }
+        check(ccurl_easy_setopt_str(easy, CURLOPT_USERAGENT, configuration.userAgent))
+
+        var list: UnsafeMutablePointer<curl_slist>?
+        func add(_ line: String) { list = curl_slist_append(list, line) }
+        var hasContentType = false
+        var hasExpect = false
+        for (name, value) in request.headers {
+            let lower = name.lowercased()
+            if lower == "content-type" { hasContentType = true }
+            if lower == "expect" { hasExpect = true }
+            // "Name;" is curl's way to send a header with an empty value.
+            add(value.isEmpty ? "\(name);" : "\(name): \(value)")
+        }
+        var payload: [UInt8]?
+        switch request.body {
+        case .text(let text)?:
+            payload = Array(text.utf8)
+            if !hasContentType { add("Content-Type: text/plain; charset=utf-8") }
+        case .json(let value)?:
+            payload = value.bytes
+            if !hasContentType { add("Content-Type: application/json") }
+        case nil:
+            break
+        }
+        if payload != nil, !hasExpect { add("Expect:") }
+        transfer.headerList = list
+        if let list { check(ccurl_easy_setopt_slist(easy, CURLOPT_HTTPHEADER, list)) }
+
+        if let payload {
+            check(ccurl_easy_setopt_int64(easy, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(payload.count)))
+            if payload.isEmpty {
+                check(ccurl_easy_setopt_str(easy, CURLOPT_COPYPOSTFIELDS, ""))
+            } else {
+                // COPYPOSTFIELDS copies POSTFIELDSIZE bytes, so the array need not outlive this call.
+                payload.withUnsafeBytes { raw in
+                    check(ccurl_easy_setopt_ptr(easy, CURLOPT_COPYPOSTFIELDS, UnsafeMutableRawPointer(mutating: raw.baseAddress)))
+                }
+            }
+            if transfer.method != "POST" { check(ccurl_easy_setopt_str(easy, CURLOPT_CUSTOMREQUEST, transfer.method)) }
+        } else {
+            switch transfer.method {
+            case "GET": break
+            case "HEAD": check(ccurl_easy_setopt_long(easy, CURLOPT_NOBODY, 1))
+            case "POST":
+                check(ccurl_easy_setopt_int64(easy, CURLOPT_POSTFIELDSIZE_LARGE, 0))
+                check(ccurl_easy_setopt_str(easy, CURLOPT_COPYPOSTFIELDS, ""))
+            default: check(ccurl_easy_setopt_str(easy, CURLOPT_CUSTOMREQUEST, transfer.method))
+            }
+        }
+        guard ok else {
+            releaseEasy(transfer)
+            complete(transfer, .failure(NodeError(.internal, "\(transfer.method) \(request.url): libcurl refused an option")))
+            return
+        }
+        guard curl_multi_add_handle(multi, easy) == CURLM_OK else {
+            releaseEasy(transfer)
+            complete(transfer, .failure(NodeError(.internal, "\(transfer.method) \(request.url): curl_multi_add_handle failed")))
+            return
+        }
+        transfer.phase = .running
+        running[ObjectIdentifier(transfer)] = transfer
+    }
+
+    private func releaseEasy(_ transfer: Transfer) {
+        if let easy = transfer.easy {
+            if case .running = transfer.phase { curl_multi_remove_handle(multi, easy) }
+            curl_easy_cleanup(easy)
+            transfer.easy = nil
+        }
+        if let list = transfer.headerList {
+            curl_slist_free_all(list)
+            transfer.headerList = nil
+        }
+        running[ObjectIdentifier(transfer)] = nil
+    }
+
+    /// Cancellation: removing an unfinished easy handle from the multi makes
+    /// libcurl close its connection, so the upstream sees the close at once.
+    private func abort(_ transfer: Transfer) {
+        switch transfer.phase {
+        case .done:
+            return
+        case .running:
+            releaseEasy(transfer)
+        case .backoff:
+            waiting.removeAll(where: { $0 === transfer })
+        case .queued:
+            break
+        }
+        complete(transfer, .failure(NodeError(.cancelled, "\(transfer.method) \(transfer.request.url) cancelled")))
+    }
+
+    private func collectFinished() {
+        var queued: Int32 = 0
+        while let message = curl_multi_info_read(multi, &queued) {
+            guard message.pointee.msg == CURLMSG_DONE, let easy = message.pointee.easy_handle else { continue }
+            let code = message.pointee.data.result
+            var user: UnsafeMutableRawPointer?
+            ccurl_easy_getinfo_ptr(easy, CURLINFO_PRIVATE, &user)
+            guard let user else { continue }
+            let transfer = Unmanaged<Transfer>.fromOpaque(user).takeUnretainedValue()
+            finishAttempt(transfer, code: code, easy: easy)
+        }
+    }
+
+    private func finishAttempt(_ transfer: Transfer, code: CURLcode, easy: UnsafeMutableRawPointer) {
+        var statusCode = 0
+        ccurl_easy_getinfo_long(easy, CURLINFO_RESPONSE_CODE, &statusCode)
+        var urlPointer: UnsafeMutablePointer<CChar>?
+        ccurl_easy_getinfo_str(easy, CURLINFO_EFFECTIVE_URL, &urlPointer)
+        let finalURL = urlPointer.map { String(cString: $0) } ?? transfer.request.url
+        let detail = transfer.errorBuffer[0] != 0 ? String(cString: transfer.errorBuffer) : String(cString: curl_easy_strerror(code))
+        let retryAfterMs = transfer.headers.first(where: { $0.name == "retry-after" }).flatMap { Int($0.value.trimmingSpacesString()) }
+            .map { min(max(0, $0), 60) * 1000 }
+        releaseEasy(transfer)
+
+        let what = "\(transfer.method) \(transfer.request.url)"
+        var failure: NodeError
+        var retryable = false
+        if code == CURLE_OK {
+            let elapsed = Int(Timestamp.monotonicMs() - transfer.startedMs)
+            let contentType = transfer.headers.first(where: { $0.name == "content-type" })?.value
+            let accepted = (200..<300).contains(statusCode) || transfer.request.acceptStatus.contains(statusCode)
+            let decoded = BodyDecoder.decode(transfer.body, contentType: contentType, expect: accepted ? transfer.request.expect : .auto)
+            var response = FetchResponse(
+                status: statusCode, headers: transfer.headers, body: .null, bodyEncoding: "text", rawBody: transfer.body,
+                contentType: contentType, bytes: transfer.body.count, elapsedMs: elapsed, url: finalURL)
+            switch decoded {
+            case .value(let (value, encoding)):
+                response.body = value
+                response.bodyEncoding = encoding
+            case .invalidJSON(let message):
+                response.body = .string(Base64.encode(transfer.body))
+                response.bodyEncoding = "base64"
+                transfer.lastResponse = response
+                complete(transfer, .failure(NodeError(.invalidJSON, "\(what): \(message)")))
+                return
+            }
+            transfer.lastResponse = response
+            if accepted {
+                complete(transfer, .success(response))
+                return
+            }
+            failure = NodeError(.httpStatus, "\(what) answered \(statusCode)", status: statusCode)
+            retryable = statusCode >= 500 || statusCode == 429
+        } else {
+            (failure, retryable) = classify(code, transfer: transfer, what: what, detail: detail)
+        }
+
+        if retryable, transfer.request.idempotent, transfer.attempts <= transfer.request.retries {
+            let shift = min(transfer.attempts - 1, 20)
+            let base = min(Double(max(0, transfer.request.retryBackoffMs)) * Double(1 << shift), 60_000)
+            let jittered = base * Double.random(in: 0.8...1.2, using: &random)
+            let delay = failure.kind == .httpStatus ? (retryAfterMs ?? Int(jittered)) : Int(jittered)
+            transfer.phase = .backoff(dueMs: Timestamp.monotonicMs() + Int64(delay))
+            waiting.append(transfer)
+            return
+        }
+        complete(transfer, .failure(failure))
+    }
+
+    private func classify(_ code: CURLcode, transfer: Transfer, what: String, detail: String) -> (NodeError, Bool) {
+        if transfer.tooLarge || code == CURLE_FILESIZE_EXCEEDED {
+            return (NodeError(.tooLarge, "\(what): response larger than \(transfer.maxBytes) bytes"), false)
+        }
+        if let denied = transfer.deniedMessage, code == CURLE_COULDNT_CONNECT {
+            return (NodeError(.connect, "\(what): \(denied)"), false)
+        }
+        switch code {
+        case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY:
+            return (NodeError(.dns, "\(what): \(detail)"), false)
+        case CURLE_OPERATION_TIMEDOUT:
+            return (NodeError(.timeout, "\(what) timed out: \(detail)"), true)
+        case CURLE_COULDNT_CONNECT, CURLE_SEND_ERROR, CURLE_RECV_ERROR, CURLE_GOT_NOTHING, CURLE_PARTIAL_FILE,
+            CURLE_HTTP2, CURLE_HTTP2_STREAM, CURLE_WEIRD_SERVER_REPLY, CURLE_HTTP3, CURLE_QUIC_CONNECT_ERROR:
+            return (NodeError(.connect, "\(what): \(detail)"), true)
+        case CURLE_TOO_MANY_REDIRECTS:
+            return (NodeError(.connect, "\(what): too many redirects (more than 5)"), false)
+        case CURLE_UNSUPPORTED_PROTOCOL:
+            return (NodeError(.connect, "\(what): refused protocol (only http and https are allowed): \(detail)"), false)
+        case CURLE_URL_MALFORMAT:
+            return (NodeError(.connect, "\(what): malformed URL: \(detail)"), false)
+        case CURLE_SSL_CONNECT_ERROR, CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CERTPROBLEM, CURLE_SSL_CIPHER,
+            CURLE_SSL_CACERT_BADFILE, CURLE_SSL_ENGINE_NOTFOUND, CURLE_SSL_ENGINE_SETFAILED, CURLE_SSL_ENGINE_INITFAILED,
+            CURLE_SSL_ISSUER_ERROR, CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_INVALIDCERTSTATUS, CURLE_SSL_CRL_BADFILE,
+            CURLE_SSL_SHUTDOWN_FAILED, CURLE_USE_SSL_FAILED, CURLE_SSL_CLIENTCERT:
+            return (NodeError(.tls, "\(what): \(detail)"), false)
+        case CURLE_OUT_OF_MEMORY:
+            return (NodeError(.internal, "\(what): \(detail)"), false)
+        default:
+            return (NodeError(.connect, "\(what): \(detail)"), false)
+        }
+    }
+
+    private func nextBackoffDue() -> Int64? {
+        var next: Int64?
+        for transfer in waiting {
+            if case .backoff(let due) = transfer.phase { next = min(next ?? due, due) }
+        }
+        return next
+    }
+
+    private func fireDueBackoffs() {
+        guard !waiting.isEmpty else { return }
+        let now = Timestamp.monotonicMs()
+        var due: [Transfer] = []
+        waiting.removeAll { transfer in
+            if case .backoff(let at) = transfer.phase, at <= now {
+                due.append(transfer)
+                return true
+            }
+            return false
+        }
+        for transfer in due { beginAttempt(transfer) }
+    }
+
+    private func complete(_ transfer: Transfer, _ result: Result<FetchResponse, NodeError>) {
+        if case .done = transfer.phase { return }
+        transfer.phase = .done
+        let elapsed: Int
+        let outcome: String
+        switch result {
+        case .success(let response):
+            elapsed = response.elapsedMs
+            outcome = "succeeded"
+        case .failure(let error):
+            elapsed = Int(Timestamp.monotonicMs() - transfer.startedMs)
+            outcome = error.kind.rawValue
+        }
+        mutex.withLock {
+            counters.inFlight -= 1
+            counters.record(outcome: outcome, elapsedMs: elapsed)
+        }
+        transfer.completion(FetchOutcome(result: result, attempts: transfer.attempts, lastResponse: transfer.lastResponse))
+    }
+}
+
+extension String {
+    fileprivate func trimmingSpacesString() -> String { self[...].trimmingSpaces() }
+}

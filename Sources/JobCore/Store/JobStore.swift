@@ -1,0 +1,130 @@
+/// Why a store operation failed: a kind callers can switch on, a readable
+/// message, and the SQLite result code when SQLite reported it.
+public struct StoreError: Error, Equatable, CustomStringConvertible, Sendable {
+    /// The class of failure. A struct with static members rather than an enum,
+    /// so that adding a kind breaks no caller's `switch`.
+    public struct Kind: Hashable, Sendable, CustomStringConvertible {
+        private let name: String
+        private init(_ name: String) { self.name = name }
+
+        /// The database could not be opened (missing folder, permissions, not a database file).
+        public static let open = Kind("open")
+        /// The schema could not be brought to the current version, or the file is from a newer version.
+        public static let migrate = Kind("migrate")
+        /// Reading or writing the file failed (disk, I/O, an unexpected SQLite error).
+        public static let io = Kind("io")
+        /// The disk or database is full.
+        public static let full = Kind("full")
+        /// The file, or a stored value, is not what the store wrote.
+        public static let corrupt = Kind("corrupt")
+        /// The database stayed locked by another process for too long.
+        public static let busy = Kind("busy")
+        /// A row broke a constraint, e.g. a job id that already exists.
+        public static let constraint = Kind("constraint")
+        /// A list cursor that no listing produced.
+        public static let badCursor = Kind("bad_cursor")
+        /// The store was closed.
+        public static let closed = Kind("closed")
+
+        public var description: String { name }
+    }
+
+    /// The class of failure.
+    public var kind: Kind
+    /// What went wrong, in words.
+    public var message: String
+    /// The (extended) SQLite result code, when SQLite reported the failure.
+    public var sqliteCode: Int32?
+
+    /// An error of `kind`, with a message and optionally the SQLite code behind it.
+    public init(_ kind: Kind, _ message: String, sqliteCode: Int32? = nil) {
+        self.kind = kind
+        self.message = message
+        self.sqliteCode = sqliteCode
+    }
+
+    public var description: String {
+        if let sqliteCode { return "store \(kind): \(message) (sqlite \(sqliteCode))" }
+        return "store \(kind): \(message)"
+    }
+}
+
+/// What `createJob` did.
+public enum CreateOutcome: Sendable, Equatable {
+    /// The job was stored (and is durable).
+    case created(JobRecord)
+    /// A job with the same idempotency key and the same request hash existed; nothing was stored.
+    case existing(JobRecord)
+    /// A job with the same idempotency key but another request hash existed; nothing was stored.
+    case conflict(JobRecord)
+}
+
+/// One page of a job listing.
+public struct JobPage: Sendable, Equatable {
+    /// Newest first.
+    public var jobs: [JobRecord]
+    /// Pass to `listJobs` to get the next page; `nil` on the last page.
+    public var nextCursor: String?
+
+    /// A page of `jobs`, with the cursor of the next one.
+    public init(jobs: [JobRecord], nextCursor: String?) {
+        self.jobs = jobs
+        self.nextCursor = nextCursor
+    }
+}
+
+/// Where jobs, their nodes and response bodies are persisted.
+///
+/// Writes are serialised by the store; every method may be called from any
+/// thread. Reads see committed data only: what was `enqueue`d becomes visible
+/// once the writer commits it (`flush` waits for that).
+public protocol JobStore: AnyObject, Sendable {
+    /// Inserts a job and all its nodes in one transaction, durable when this returns.
+    /// With an idempotency key: if a job with that key exists, `.existing(job)` when `requestHash` matches, else `.conflict(job)`.
+    /// - Throws: `StoreError` (kind `constraint` when the job id already exists).
+    func createJob(_ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?) throws -> CreateOutcome
+
+    /// Queues state changes (whole records replace the stored ones; nodes matched by (jobID, position)); returns at once.
+    /// Committed together with other queued changes by the writer.
+    ///
+    /// A job's `request` is never rewritten (it cannot change after creation), and
+    /// changes to jobs or nodes that do not exist (e.g. deleted meanwhile) are ignored.
+    func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)])
+
+    /// Blocks until everything enqueued before this call is committed.
+    /// - Throws: `StoreError` if some change enqueued since the previous `flush` could not be written.
+    func flush() throws
+
+    /// The job with everything stored about it, or `nil`.
+    func job(id: String) throws -> JobRecord?
+
+    /// Newest first (by id, which sorts by creation time). `cursor` is opaque (from nextCursor); an invalid cursor throws StoreError with kind badCursor.
+    ///
+    /// To keep listings light, the jobs come without `result` (`nil`) and without
+    /// `request` (`.null`); `job(id:)` has them.
+    func listJobs(state: NodeState?, limit: Int, cursor: String?) throws -> JobPage
+
+    /// Tree order (position). Results only if includeResults (otherwise result = nil, to keep reads light).
+    func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord]
+
+    /// One node, with its result, or `nil`.
+    func node(jobID: String, nodeID: String) throws -> NodeRecord?
+
+    /// A fetch node's stored response body, or `nil`.
+    func body(jobID: String, nodeID: String) throws -> StoredBody?
+
+    /// Deletes a job with its nodes and bodies; false if none.
+    func deleteJob(id: String) throws -> Bool
+
+    /// Jobs whose state is pending or running, oldest first, with their nodes (results included) — for recovery on start.
+    func unfinishedJobs() throws -> [(job: JobRecord, nodes: [NodeRecord])]
+
+    /// Deletes settled jobs finished before `finishedBeforeMs`; returns how many.
+    func sweep(finishedBeforeMs: Int64) throws -> Int
+
+    /// Counts of jobs by state (for /metrics); every state is present.
+    func jobCounts() throws -> [NodeState: Int]
+
+    /// Commits what is queued and releases the database; later calls throw kind `closed`.
+    func close()
+}

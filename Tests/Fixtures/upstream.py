@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""Upstream HTTP fixture for the jobserver tests (Python 3 stdlib only).
+
+Usage: python3 Tests/Fixtures/upstream.py [--port 0] [--host 127.0.0.1] [--exit-on-stdin-eof]
+The first stdout line is `listening <port>`; it then serves until killed.
+HTTP/1.1 with keep-alive, one thread per connection.
+
+Endpoints (any method unless noted; HEAD answers like GET without a body):
+  /json                  200 application/json {"ok":true}
+  /json?size=N           200 a valid JSON object of exactly N bytes (N >= 2)
+  /status/{code}         that status, JSON body {"status":code}
+  /delay/{ms}            sleeps ms, then 200 {"delayed_ms":ms}; a client that
+                         disconnects meanwhile is recorded in /stats disconnects
+  /bytes/{n}             n bytes application/octet-stream, streamed in 64 KiB
+                         chunks; ?type=T overrides the content type; ?chunked=1
+                         sends it chunked, without Content-Length
+  /text                  text/plain; charset=utf-8 "hello, world"
+  /invalid-json          application/json body {"broken":
+  /hang                  answers nothing; waits until the client disconnects
+                         (at most 120 s) and records the disconnect
+  /reset                 closes the connection with an RST (SO_LINGER 0)
+  /redirect/{n}          302 to /redirect/{n-1}; /redirect/0 is 200 {"redirected":true}
+  /redirect-to?url=U     302 to U
+  /count/{key}           increments counter key, 200 {"key":key,"count":n};
+                         ?fail=N answers 503 for the first N hits of key
+                         (?fail_status=429 to choose the status,
+                         ?retry_after=S adds Retry-After: S); ?delay_ms=D
+                         sleeps D ms before answering
+  /echo                  200 {"method","path","query","headers":{lowercased
+                         name: value},"body":"<utf8 text>"}
+  /headers               200 with two Set-Cookie, two X-Multi and an X-Upper header
+  GET /stats             {"counters":{key:n},"requests":total,"active":in flight,
+                         "max_active":high-water mark of concurrent requests,
+                         "max_active_by_path_prefix":{"/delay":n,...},
+                         "disconnects":[{"path":p,"at":epoch seconds}]}
+  POST /stats/reset      resets everything above; 200 {"reset":true}
+/stats and /stats/reset are not counted in requests/active.
+"""
+
+import argparse
+import json
+import os
+import select
+import socket
+import struct
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+
+class Stats:
+    """Counters shared by all handler threads, guarded by one lock."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        self.counters = {}
+        self.requests = 0
+        self.active = 0
+        self.max_active = 0
+        self.active_by_prefix = {}
+        self.max_active_by_prefix = {}
+        self.disconnects = []
+
+    def begin(self, prefix):
+        with self.lock:
+            self.requests += 1
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            n = self.active_by_prefix.get(prefix, 0) + 1
+            self.active_by_prefix[prefix] = n
+            self.max_active_by_prefix[prefix] = max(self.max_active_by_prefix.get(prefix, 0), n)
+
+    def end(self, prefix):
+        with self.lock:
+            self.active -= 1
+            self.active_by_prefix[prefix] = self.active_by_prefix.get(prefix, 1) - 1
+
+    def snapshot(self):
+        with self.lock:
+            return {
+                "counters": dict(self.counters),
+                "requests": self.requests,
+                "active": self.active,
+                "max_active": self.max_active,
+                "max_active_by_path_prefix": dict(self.max_active_by_prefix),
+                "disconnects": list(self.disconnects),
+            }
+
+
+STATS = Stats()
+
+
+def json_of_size(n):
+    if n >= 8:
+        return ('{"p":"' + "x" * (n - 8) + '"}').encode()
+    return ("{" + " " * (n - 2) + "}").encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "upstream-fixture/1"
+
+    def log_message(self, format, *args):
+        pass
+
+    # -- helpers -----------------------------------------------------------
+
+    def read_body(self):
+        length = self.headers.get("Content-Length")
+        if length is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                return b""
+            return self.rfile.read(n) if n > 0 else b""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            out = bytearray()
+            while True:
+                line = self.rfile.readline(1024)
+                size = int(line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                out += self.rfile.read(size)
+                self.rfile.readline(1024)
+            return bytes(out)
+        return b""
+
+    def send_body(self, status, body, content_type="application/json", extra=()):
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in extra:
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def send_json(self, status, value, extra=()):
+        self.send_body(status, json.dumps(value, separators=(",", ":")).encode(), extra=extra)
+
+    def client_gone(self):
+        """True when the peer has closed its side (readable with nothing to read)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if not readable:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def wait(self, seconds, path):
+        """Sleeps up to `seconds`; returns False (and records it) if the client disconnects."""
+        deadline = time.monotonic() + seconds
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            try:
+                readable, _, _ = select.select([self.connection], [], [], min(remaining, 0.005))
+            except OSError:
+                readable = [self.connection]
+            if readable and self.client_gone():
+                with STATS.lock:
+                    STATS.disconnects.append({"path": path, "at": time.time()})
+                self.close_connection = True
+                return False
+            if readable:
+                # Pipelined data, not a close: keep sleeping without spinning.
+                time.sleep(min(remaining, 0.005))
+
+    def reset_connection(self):
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        fd = self.connection.detach()
+        os.close(fd)
+        self.close_connection = True
+
+    # -- dispatch ----------------------------------------------------------
+
+    def handle_any(self):
+        parts = urlsplit(self.path)
+        path = parts.path
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        if path == "/stats":
+            self.read_body()
+            self.send_json(200, STATS.snapshot())
+            return
+        if path == "/stats/reset":
+            self.read_body()
+            with STATS.lock:
+                STATS.reset()
+            self.send_json(200, {"reset": True})
+            return
+        segments = path.split("/")
+        prefix = "/" + segments[1] if len(segments) > 1 else "/"
+        STATS.begin(prefix)
+        try:
+            body = self.read_body()
+            self.route(path, segments, query, parts.query, body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        finally:
+            STATS.end(prefix)
+
+    def route(self, path, segments, query, raw_query, body):
+        arg = segments[2] if len(segments) > 2 else ""
+        if path == "/json":
+            if "size" in query:
+                size = int(query["size"])
+                if size < 2:
+                    self.send_json(400, {"error": "size must be >= 2"})
+                    return
+                self.send_body(200, json_of_size(size))
+            else:
+                self.send_body(200, b'{"ok":true}')
+        elif segments[1] == "status" and arg.isdigit():
+            code = int(arg)
+            self.send_json(code, {"status": code})
+        elif segments[1] == "delay" and arg.isdigit():
+            ms = int(arg)
+            if self.wait(ms / 1000.0, path):
+                self.send_json(200, {"delayed_ms": ms})
+        elif segments[1] == "bytes" and arg.isdigit():
+            self.send_bytes(int(arg), query.get("type", "application/octet-stream"), query.get("chunked") == "1")
+        elif path == "/text":
+            self.send_body(200, b"hello, world", "text/plain; charset=utf-8")
+        elif path == "/invalid-json":
+            self.send_body(200, b'{"broken":')
+        elif path == "/hang":
+            self.wait(120.0, path)
+            self.close_connection = True
+        elif path == "/reset":
+            self.reset_connection()
+        elif segments[1] == "redirect" and arg.isdigit():
+            n = int(arg)
+            if n == 0:
+                self.send_json(200, {"redirected": True})
+            else:
+                self.send_json(302, {"redirect": n - 1}, extra=[("Location", "/redirect/%d" % (n - 1))])
+        elif path == "/redirect-to":
+            self.send_json(302, {"redirect": query.get("url", "")}, extra=[("Location", query.get("url", "/"))])
+        elif segments[1] == "count" and arg:
+            self.count(arg, query, path)
+        elif path == "/echo":
+            headers = {}
+            for name, value in self.headers.items():
+                key = name.lower()
+                headers[key] = headers[key] + ", " + value if key in headers else value
+            self.send_json(200, {
+                "method": self.command,
+                "path": path,
+                "query": raw_query,
+                "headers": headers,
+                "body": body.decode("utf-8", errors="replace"),
+            })
+        elif path == "/headers":
+            self.send_body(200, b'{"headers":true}', extra=[
+                ("Set-Cookie", "a=1"), ("X-Multi", "one"), ("Set-Cookie", "b=2"),
+                ("X-Multi", "two"), ("X-Upper", "UPPER"),
+            ])
+        else:
+            self.send_json(404, {"status": 404, "path": path})
+
+    def send_bytes(self, n, content_type, chunked):
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(n))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        chunk = b"\xab" * 65536
+        left = n
+        while left > 0:
+            piece = chunk if left >= len(chunk) else chunk[:left]
+            if chunked:
+                self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+            else:
+                self.wfile.write(piece)
+            left -= len(piece)
+        if chunked:
+            self.wfile.write(b"0\r\n\r\n")
+
+    def count(self, key, query, path):
+        with STATS.lock:
+            n = STATS.counters.get(key, 0) + 1
+            STATS.counters[key] = n
+        if "delay_ms" in query:
+            if not self.wait(int(query["delay_ms"]) / 1000.0, path):
+                return
+        fail = int(query.get("fail", "0"))
+        if n <= fail:
+            status = int(query.get("fail_status", "503"))
+            extra = [("Retry-After", query["retry_after"])] if "retry_after" in query else []
+            self.send_json(status, {"key": key, "count": n, "status": status}, extra=extra)
+        else:
+            self.send_json(200, {"key": key, "count": n})
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_HEAD = handle_any
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--exit-on-stdin-eof", action="store_true",
+                        help="exit when stdin closes, so the fixture dies with the test process that launched it")
+    args = parser.parse_args()
+    if args.exit_on_stdin_eof:
+        def watch_stdin():
+            while sys.stdin.buffer.read(4096):
+                pass
+            os._exit(0)
+        threading.Thread(target=watch_stdin, daemon=True).start()
+    server = Server((args.host, args.port), Handler)
+    sys.stdout.write("listening %d\n" % server.server_address[1])
+    sys.stdout.flush()
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+import Foundation
+import JobCore
+import TestSupport
+import XCTest
+
+/// Cancellation reaches transfers in flight at once.
+final class FetcherCancelTests: XCTestCase {
+    private var upstream: Upstream!
+    private var fetcher: Fetcher!
+
+    override func setUpWithError() throws {
+        upstream = try Upstream.start()
+        fetcher = try Fetcher(configuration: FetcherConfiguration())
+    }
+
+    override func tearDown() {
+        fetcher?.shutdown()
+        upstream?.stop()
+    }
+
+    private func waitForActive(_ n: Int) throws {
+        let deadline = Date().addingTimeInterval(5)
+        while try upstream.stats()["active"]?.intValue != n {
+            guard Date() < deadline else { throw UpstreamError("upstream never had \(n) requests in flight") }
+            usleep(5_000)
+        }
+    }
+
+    func testCancelAbortsTransferInFlightAndClosesItsConnection() throws {
+        let box = OutcomeBox()
+        let handle = fetcher.start(FetchRequest(url: upstream.url("/hang"))) { box.set($0) }
+        try waitForActive(1)
+        let cancelledAt = Date().timeIntervalSince1970
+        handle.cancel()
+        let outcome = try XCTUnwrap(box.wait(seconds: 2))
+        XCTAssertEqual(outcome.error?.kind, .cancelled)
+        XCTAssertEqual(outcome.attempts, 1)
+        var disconnects: [JSONValue] = []
+        let deadline = Date().addingTimeInterval(2)
+        while disconnects.isEmpty, Date() < deadline {
+            disconnects = try upstream.stats()["disconnects"]?.arrayValue ?? []
+            if disconnects.isEmpty { usleep(5_000) }
+        }
+        let record = try XCTUnwrap(disconnects.first)
+        XCTAssertEqual(record["path"], "/hang")
+        let at = try XCTUnwrap(record["at"]?.doubleValue)
+        XCTAssertLessThan(at - cancelledAt, 0.1, "the upstream saw the close \(Int((at - cancelledAt) * 1000)) ms after cancel()")
+        XCTAssertEqual(fetcher.inFlight, 0)
+    }
+
+    func testCancelIsIdempotentAndCompletesExactlyOnce() throws {
+        let box = OutcomeBox()
+        let handle = fetcher.start(FetchRequest(url: upstream.url("/delay/5000"))) { box.set($0) }
+        handle.cancel()
+        handle.cancel()
+        XCTAssertEqual(box.wait(seconds: 2)?.error?.kind, .cancelled)
+        handle.cancel()
+        usleep(100_000)
+        XCTAssertEqual(box.completionCount, 1)
+
+        let done = OutcomeBox()
+        let finished = fetcher.start(FetchRequest(url: upstream.url("/json"))) { done.set($0) }
+        XCTAssertEqual(done.wait(seconds: 5)?.response?.status, 200)
+        finished.cancel()
+        usleep(50_000)
+        XCTAssertEqual(done.completionCount, 1)
+    }
+
+    func testManyCancellationsFromOtherThreadsAllComplete() throws {
+        let box = OutcomeBox()
+        var handles: [FetchHandle] = []
+        for i in 0..<60 {
+            handles.append(fetcher.start(FetchRequest(url: upstream.url(i % 2 == 0 ? "/hang" : "/delay/5000"))) { box.set($0) })
+        }
+        try waitForActive(16)  // the default per-host limit: the rest wait in libcurl's queue
+        let started = Date()
+        DispatchQueue.concurrentPerform(iterations: handles.count) { handles[$0].cancel() }
+        let outcomes = try XCTUnwrap(box.all(seconds: 5, count: 60))
+        XCTAssertLessThan(Date().timeIntervalSince(started), 1)
+        XCTAssertTrue(outcomes.allSatisfy { $0.error?.kind == .cancelled })
+        XCTAssertEqual(fetcher.inFlight, 0)
+        // The fetcher still works afterwards.
+        XCTAssertEqual(fetchAndWait(fetcher, FetchRequest(url: upstream.url("/json")))?.response?.status, 200)
+    }
+}
