@@ -204,7 +204,7 @@ public final class Engine: @unchecked Sendable {
         var page: JobPage
         do {
             page = try store.listJobs(state: state, limit: limit, cursor: cursor)
-        } catch let error as StoreError where error.isBadCursor {
+        } catch let error as StoreError where error.kind == .badCursor {
             throw EngineError.badCursor(error.description)
         }
         queue.sync {
@@ -379,7 +379,7 @@ public final class Engine: @unchecked Sendable {
         pumpScheduled = false
         guard !shuttingDown else { return }
         while let (ticket, host) = fetchQueue.next() {
-            if let run = runs[ticket.jobID], run.beginTransfer(ticket.node) { continue }
+            if let run = runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) { continue }
             fetchQueue.finished(host: host)  // no longer wanted: give the slot back
         }
     }

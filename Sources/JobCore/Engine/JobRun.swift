@@ -7,7 +7,7 @@ import Foundation
 /// children one after another; `timeout_ms` and `recover` are links on a
 /// node's Deferred, and a last link records the settled state. Everything
 /// here runs on the engine's queue.
-final class JobRun {
+final class JobRun: @unchecked Sendable {
     unowned let engine: Engine
     let graph: JobGraph
     var record: JobRecord
@@ -138,7 +138,7 @@ final class JobRun {
     }
 
     /// Called by the engine when the fetch queue gives node `i` a transfer slot; false if it is no longer wanted.
-    func beginTransfer(_ i: Int) -> Bool {
+    func beginTransfer(_ i: Int, host: String) -> Bool {
         guard !stopping, let d = deferreds[i], !d.isCalled, case .fetch(let request) = graph.nodes[i].kind else {
             return false
         }
@@ -149,12 +149,14 @@ final class JobRun {
             request,
             timeoutMs: nil,
             onAttempt: { [weak self] attempt in
-                engine.queue.async { self?.attemptStarted(i, attempt: prior + attempt) }
+                guard let run = self else { return }
+                engine.queue.async { run.attemptStarted(i, attempt: prior + attempt) }
             },
             completion: { [weak self] outcome in
+                let run = self
                 engine.queue.async {
-                    engine.fetchFinished(host: FetchQueue.hostKey(of: request.url))
-                    self?.fetchFinished(i, outcome)
+                    engine.fetchFinished(host: host)
+                    run?.fetchFinished(i, outcome)
                 }
             })
         return true
@@ -468,7 +470,7 @@ private final class SequenceRun {
         guard !pumping else { return }
         pumping = true
         defer { pumping = false }
-        while !deferred.isCalled, !waiting {
+        while !cancelling, !deferred.isCalled, !waiting {
             if index >= children.count {
                 _ = try? deferred.takeResult(JSONValue.array(results))
                 return
