@@ -684,16 +684,7 @@ enum Columns {
 
     /// `columns` with each name qualified by `table`.
     static func prefixed(_ table: String, _ columns: String) -> String {
-        columns.split(separator: ",").map { "\(table).\($0.trimmingSpaces)" }.joined(separator: ", ")
-    }
-}
-
-private extension Substring {
-    var trimmingSpaces: Substring {
-        var s = self
-        while s.first == " " { s = s.dropFirst() }
-        while s.last == " " { s = s.dropLast() }
-        return s
+        columns.split(separator: ",").map { "\(table).\($0.trimmingSpaces())" }.joined(separator: ", ")
     }
 }
 

@@ -1,0 +1,87 @@
+/// How the engine runs jobs.
+public struct EngineConfiguration: Sendable {
+    /// Limits applied when a graph is validated, also when it is rebuilt on start.
+    public var limits = GraphLimits()
+    /// At most this many jobs pending or running at once; more submissions are refused (429).
+    public var maxActiveJobs = 10_000
+    /// At most this many fetches handed to the fetcher at once; the rest wait in the engine's fair queue.
+    public var maxConcurrentFetches = 256
+    /// At most this many fetches to one host (scheme, host and port) handed to the fetcher at once.
+    public var maxPerHost = 16
+    /// Settled jobs older than this are deleted; 0 keeps them forever.
+    public var retentionMs: Int64 = 7 * 86_400_000
+    /// How often the retention sweep runs.
+    public var sweepIntervalMs = 60_000
+
+    public init() {}
+}
+
+/// What `Engine.submit` did.
+public enum SubmitOutcome: Sendable {
+    /// A new job, durable from now on.
+    case created(JobRecord)
+    /// The job an earlier submission with the same idempotency key and body created.
+    case existing(JobRecord)
+    /// The idempotency key belongs to a job with another body.
+    case conflict(JobRecord)
+    /// Too many jobs are pending or running.
+    case queueFull
+    /// The server is shutting down.
+    case shuttingDown
+}
+
+/// What `Engine.cancel` did.
+public enum CancelOutcome: Sendable {
+    /// The job was pending or running; its unsettled nodes are being cancelled.
+    case cancelling(JobRecord)
+    case alreadyCancelled(JobRecord)
+    /// The job had already succeeded or failed.
+    case alreadySettled(JobRecord)
+    case notFound
+}
+
+/// What `Engine.delete` did.
+public enum DeleteOutcome: Sendable {
+    case deleted
+    /// The job is still pending or running.
+    case active(JobRecord)
+    case notFound
+}
+
+/// A snapshot of the engine's counters, for `/metrics`.
+public struct EngineMetrics: Sendable {
+    /// Every stored job by state.
+    public var jobsByState: [NodeState: Int] = [:]
+    /// The nodes of the active jobs by state.
+    public var nodesByState: [NodeState: Int] = [:]
+    /// Jobs pending or running.
+    public var activeJobs = 0
+    /// Fetches waiting in the engine's queue for a free transfer slot.
+    public var pendingFetches = 0
+    /// Fetches handed to the fetcher and not finished.
+    public var fetchesInFlight = 0
+
+    public init() {}
+}
+
+/// Why the engine refused a request.
+public struct EngineError: Error, Equatable, CustomStringConvertible, Sendable {
+    private enum Code: Equatable, Sendable { case badCursor, storage, invalidStoredJob }
+    private let code: Code
+    public let message: String
+
+    private init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    /// The list cursor is not one this server handed out.
+    public static func badCursor(_ message: String) -> EngineError { EngineError(.badCursor, message) }
+    /// The store failed.
+    public static func storage(_ message: String) -> EngineError { EngineError(.storage, message) }
+    /// A stored job could not be rebuilt.
+    public static func invalidStoredJob(_ message: String) -> EngineError { EngineError(.invalidStoredJob, message) }
+
+    public var isBadCursor: Bool { code == .badCursor }
+    public var description: String { message }
+}

@@ -1,0 +1,122 @@
+/// The one shared, bounded queue of fetches waiting for a transfer slot.
+///
+/// Fetches wait here, as a few bytes each, until a slot is free both in total
+/// and for their host; only then are they handed to the fetcher (where each
+/// transfer costs a curl handle). Waiting fetches are grouped in lanes, one per
+/// (job, host), served round-robin, so that one job's fan-out of 10,000 calls
+/// neither floods an upstream nor starves other jobs. Owned by the engine's
+/// queue; not thread-safe.
+struct FetchQueue {
+    struct Ticket {
+        var jobID: String
+        var node: Int
+    }
+
+    private struct LaneKey: Hashable {
+        var jobID: String
+        var host: String
+    }
+
+    private struct Lane {
+        var tickets: [Ticket] = []
+        var head = 0
+        var isEmpty: Bool { head >= tickets.count }
+
+        mutating func pop() -> Ticket? {
+            guard head < tickets.count else { return nil }
+            let t = tickets[head]
+            head += 1
+            if head > 1024, head * 2 > tickets.count {
+                tickets.removeFirst(head)
+                head = 0
+            }
+            return t
+        }
+    }
+
+    let maxTotal: Int
+    let maxPerHost: Int
+    private var lanes: [LaneKey: Lane] = [:]
+    private var ring: [LaneKey] = []
+    private var cursor = 0
+    private var hostInFlight: [String: Int] = [:]
+    private(set) var inFlight = 0
+    private(set) var waiting = 0
+
+    init(maxTotal: Int, maxPerHost: Int) {
+        self.maxTotal = max(1, maxTotal)
+        self.maxPerHost = max(1, maxPerHost)
+    }
+
+    mutating func enqueue(_ ticket: Ticket, host: String) {
+        let key = LaneKey(jobID: ticket.jobID, host: host)
+        if lanes[key] == nil {
+            lanes[key] = Lane()
+            ring.append(key)
+        }
+        lanes[key]?.tickets.append(ticket)
+        waiting += 1
+    }
+
+    /// The next ticket that may start now, with its host; its slot is taken.
+    mutating func next() -> (Ticket, String)? {
+        guard inFlight < maxTotal, !ring.isEmpty else { return nil }
+        var tried = 0
+        while tried < ring.count {
+            if cursor >= ring.count { cursor = 0 }
+            let key = ring[cursor]
+            guard var lane = lanes[key], !lane.isEmpty else {
+                lanes[key] = nil
+                ring.remove(at: cursor)
+                continue
+            }
+            if hostInFlight[key.host, default: 0] < maxPerHost, let ticket = lane.pop() {
+                waiting -= 1
+                inFlight += 1
+                hostInFlight[key.host, default: 0] += 1
+                if lane.isEmpty {
+                    lanes[key] = nil
+                    ring.remove(at: cursor)
+                } else {
+                    lanes[key] = lane
+                    cursor += 1
+                }
+                return (ticket, key.host)
+            }
+            cursor += 1
+            tried += 1
+        }
+        return nil
+    }
+
+    /// Gives back the slot of a finished fetch.
+    mutating func finished(host: String) {
+        inFlight -= 1
+        let n = hostInFlight[host, default: 1] - 1
+        hostInFlight[host] = n > 0 ? n : nil
+    }
+
+    /// Drops every waiting ticket of a job.
+    mutating func removeJob(_ jobID: String) {
+        var kept: [LaneKey] = []
+        for key in ring {
+            if key.jobID == jobID {
+                if let lane = lanes[key] { waiting -= lane.tickets.count - lane.head }
+                lanes[key] = nil
+            } else {
+                kept.append(key)
+            }
+        }
+        ring = kept
+        cursor = 0
+    }
+
+    /// `scheme://host:port` of a URL, lowercased: the unit of the per-host limit.
+    static func hostKey(of url: String) -> String {
+        guard let schemeEnd = url.range(of: "://") else { return url }
+        let rest = url[schemeEnd.upperBound...]
+        let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        let hostPort = authority.split(separator: "@").last.map(String.init) ?? String(authority)
+        return (String(url[..<schemeEnd.lowerBound]) + "://" + hostPort).lowercased()
+    }
+}

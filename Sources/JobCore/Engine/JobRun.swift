@@ -1,0 +1,503 @@
+import Foundation
+
+/// One job being run: its graph turned into a tree of Deferreds.
+///
+/// A fetch node is a Deferred whose canceller aborts its transfer; a list
+/// node is a `DeferredList` over its children; a sequence chains its
+/// children one after another; `timeout_ms` and `recover` are links on a
+/// node's Deferred, and a last link records the settled state. Everything
+/// here runs on the engine's queue.
+final class JobRun: @unchecked Sendable {
+    unowned let engine: Engine
+    let graph: JobGraph
+    var record: JobRecord
+    var nodes: [NodeRecord]
+    /// The Deferred of each started node (or the stand-in of a child waiting for a list's concurrency slot).
+    var deferreds: [Deferred?]
+    /// Descendants of node i are the nodes i+1 ..< subtreeEnd[i] (pre-order).
+    let subtreeEnd: [Int]
+    /// Transfers in flight, by node.
+    var transfers: [Int: FetchHandle] = [:]
+    /// Fetch nodes that were in flight, not idempotent, when the server stopped.
+    var interrupted: Set<Int> = []
+    /// Attempts made before a restart, by node.
+    var priorAttempts: [Int: Int] = [:]
+    var cancelRequested = false
+    var deadlineExpired = false
+    /// Set at shutdown: nothing more is recorded, so the job resumes on the next start.
+    var stopping = false
+    var deadlineTimer: Cancellable?
+    var unsettledNodes: Int
+    var dirtyNodes: Set<Int> = []
+    var dirtyJob = false
+    var pendingBodies: [(jobID: String, nodeID: String, body: StoredBody)] = []
+
+    init(engine: Engine, graph: JobGraph, record: JobRecord, nodes: [NodeRecord]) {
+        self.engine = engine
+        self.graph = graph
+        self.record = record
+        self.nodes = nodes
+        self.deferreds = Array(repeating: nil, count: graph.nodes.count)
+        self.subtreeEnd = JobRun.subtreeEnds(graph)
+        self.unsettledNodes = nodes.filter { !$0.state.isSettled }.count
+    }
+
+    var id: String { record.id }
+
+    private static func subtreeEnds(_ graph: JobGraph) -> [Int] {
+        var end = Array(0..<graph.nodes.count).map { $0 + 1 }
+        // Children come after their parent in pre-order: walk backwards, so a child's end is known before its parent's.
+        for i in stride(from: graph.nodes.count - 1, through: 0, by: -1) {
+            if let last = graph.nodes[i].children.last { end[i] = end[last] }
+        }
+        return end
+    }
+
+    // MARK: - Starting
+
+    /// Starts the job: its deadline, then its root.
+    func begin() {
+        if let deadline = record.deadlineMs, !record.state.isSettled {
+            let elapsed = max(0, Timestamp.nowMs() - record.createdAt)
+            let remaining = max(0, Int64(deadline) - elapsed)
+            deadlineTimer = engine.scheduler.schedule(afterMilliseconds: Int(remaining)) { [weak self] in
+                self?.deadlinePassed()
+            }
+        }
+        let root = start(0)
+        if record.state.isSettled == false, nodes[0].state.isSettled {
+            // Settled root restored from the store: the job only missed its last write.
+            finishJob(fromRootResult: root.result)
+        }
+    }
+
+    /// Starts node `i` and returns its Deferred. A node restored already settled comes back as a fired Deferred.
+    @discardableResult
+    func start(_ i: Int) -> Deferred {
+        if nodes[i].state.isSettled { return restoredDeferred(i) }
+        let node = graph.nodes[i]
+        let inner: Deferred
+        if interrupted.contains(i) {
+            inner = Deferred.withError(
+                NodeError(.interrupted, "\(methodAndURL(i)) was in flight when the server stopped", node: node.id))
+        } else {
+            switch node.kind {
+            case .fetch(let request): inner = startFetch(i, request)
+            case .list(let options): inner = startList(i, options)
+            case .sequence(let options): inner = startSequence(i, options)
+            }
+        }
+        deferreds[i] = inner
+        if let timeout = node.timeoutMs {
+            let nodeID = node.id
+            inner.timeout(afterMilliseconds: timeout, scheduler: engine.scheduler) {
+                NodeError(.timeout, "node \(nodeID) did not settle within \(timeout) ms", node: nodeID)
+            }
+        }
+        if let value = node.recover {
+            inner.fail { [unowned self] failure in
+                if JobRun.isCancellation(failure) { return failure }
+                self.nodes[i].recovered = true
+                return value
+            }
+        }
+        inner.both { [unowned self] result in
+            self.settle(i, with: result)
+            return result
+        }
+        return inner
+    }
+
+    private func restoredDeferred(_ i: Int) -> Deferred {
+        let n = nodes[i]
+        switch n.state {
+        case .succeeded:
+            return Deferred.withResult(n.result ?? .null)
+        case .cancelled:
+            return Deferred.withError(n.error ?? NodeError(.cancelled, "cancelled", node: n.id))
+        default:
+            return Deferred.withError(n.error ?? NodeError(.internal, "node \(n.id) ended \(n.state.rawValue)", node: n.id))
+        }
+    }
+
+    private func markRunning(_ i: Int) {
+        guard !stopping, nodes[i].state == .pending else { return }
+        nodes[i].startedAt = Timestamp.nowMs()
+        changeState(i, to: .running)
+    }
+
+    // MARK: - fetch
+
+    private func startFetch(_ i: Int, _ request: FetchRequest) -> Deferred {
+        let d = Deferred(canceller: { [unowned self] d in
+            if let handle = self.transfers.removeValue(forKey: i) { handle.cancel() }
+            if !d.isCalled { _ = try? d.takeError(Failure.cancellation()) }
+        })
+        engine.enqueueFetch(run: self, node: i, host: FetchQueue.hostKey(of: request.url))
+        return d
+    }
+
+    /// Called by the engine when the fetch queue gives node `i` a transfer slot; false if it is no longer wanted.
+    func beginTransfer(_ i: Int, host: String) -> Bool {
+        guard !stopping, let d = deferreds[i], !d.isCalled, case .fetch(let request) = graph.nodes[i].kind else {
+            return false
+        }
+        markRunning(i)
+        let prior = priorAttempts[i] ?? 0
+        let engine = self.engine
+        transfers[i] = engine.fetcher.start(
+            request,
+            timeoutMs: nil,
+            onAttempt: { [weak self] attempt in
+                guard let run = self else { return }
+                engine.queue.async { run.attemptStarted(i, attempt: prior + attempt) }
+            },
+            completion: { [weak self] outcome in
+                let run = self
+                engine.queue.async {
+                    engine.fetchFinished(host: host)
+                    run?.fetchFinished(i, outcome)
+                }
+            })
+        return true
+    }
+
+    private func attemptStarted(_ i: Int, attempt: Int) {
+        guard !stopping, !nodes[i].state.isSettled, nodes[i].attempts != attempt else { return }
+        nodes[i].attempts = attempt
+        touch(i)
+    }
+
+    private func fetchFinished(_ i: Int, _ outcome: FetchOutcome) {
+        transfers[i] = nil
+        guard !stopping, let d = deferreds[i], !d.isCalled else { return }
+        let nodeID = graph.nodes[i].id
+        nodes[i].attempts = (priorAttempts[i] ?? 0) + outcome.attempts
+        if let response = outcome.lastResponse {
+            nodes[i].status = response.status
+            pendingBodies.append((id, nodeID, StoredBody(contentType: response.contentType, bytes: response.rawBody)))
+        }
+        switch outcome.result {
+        case .success(let response):
+            _ = try? d.takeResult(response.json)
+        case .failure(var error):
+            error.node = nodeID
+            _ = try? d.takeError(error)
+        }
+    }
+
+    private func methodAndURL(_ i: Int) -> String {
+        guard case .fetch(let request) = graph.nodes[i].kind else { return graph.nodes[i].id }
+        return "\(request.method) \(request.url)"
+    }
+
+    // MARK: - list
+
+    private func startList(_ i: Int, _ options: ListOptions) -> Deferred {
+        markRunning(i)
+        let children = graph.nodes[i].children
+        let childDeferreds: [Deferred]
+        if let limit = options.concurrency, limit < children.count {
+            childDeferreds = ListWindow(run: self, children: children, limit: limit).placeholders
+        } else {
+            childDeferreds = children.map { start($0) }
+        }
+        let list = DeferredList(
+            childDeferreds, fireOnFirstResult: options.fireOnFirstResult, fireOnFirstError: options.fireOnFirstError)
+        list.cancelDeferredsWhenCancelled()
+        let listID = graph.nodes[i].id
+        list.then { [unowned self] result in
+            guard let entries = result as? [Any?] else { return result }  // the first child's result
+            if options.fireOnFirstResult {
+                // No child succeeded: every entry is a failure.
+                let errors = zip(children, entries).map { self.childError($1, child: $0) }
+                return Failure(NodeError(.allFailed, "all \(children.count) children of \(listID) failed", node: listID, errors: errors))
+            }
+            return JSONValue.array(zip(children, entries).map { self.entry($1, child: $0, consumeErrors: options.consumeErrors) })
+        }
+        if options.cancelRemaining, options.fireOnFirstResult || options.fireOnFirstError {
+            list.both { [unowned self] result in
+                if !self.stopping {
+                    for (k, child) in children.enumerated() where !self.nodes[child].state.isSettled {
+                        childDeferreds[k].cancel()
+                    }
+                }
+                return result
+            }
+        }
+        return list
+    }
+
+    /// A child's place in a results array: its result, or `{"error": …}` (`null` when errors are consumed).
+    func entry(_ value: Any?, child: Int, consumeErrors: Bool) -> JSONValue {
+        if let failure = value as? Failure {
+            return consumeErrors ? .null : .object(["error": JobRun.nodeError(failure, node: graph.nodes[child].id).json])
+        }
+        return (value as? JSONValue) ?? .null
+    }
+
+    private func childError(_ value: Any?, child: Int) -> NodeError {
+        if let failure = value as? Failure { return JobRun.nodeError(failure, node: graph.nodes[child].id) }
+        return NodeError(.internal, "child \(graph.nodes[child].id) did not fail", node: graph.nodes[child].id)
+    }
+
+    // MARK: - sequence
+
+    private func startSequence(_ i: Int, _ options: SequenceOptions) -> Deferred {
+        markRunning(i)
+        return SequenceRun(run: self, children: graph.nodes[i].children, continueOnError: options.continueOnError).deferred
+    }
+
+    /// Ends every unstarted node of the subtree of `i` in `state` (`cancelled` or `skipped`).
+    func endUnstarted(_ i: Int, as state: NodeState) {
+        guard !stopping else { return }
+        for j in i..<subtreeEnd[i] where !nodes[j].state.isSettled && deferreds[j] == nil {
+            nodes[j].finishedAt = Timestamp.nowMs()
+            if state == .cancelled { nodes[j].error = NodeError(.cancelled, "cancelled before it started", node: nodes[j].id) }
+            changeState(j, to: state)
+        }
+    }
+
+    // MARK: - settling
+
+    private func settle(_ i: Int, with result: Any?) {
+        deferreds[i] = nil
+        guard !stopping, !nodes[i].state.isSettled else { return }
+        let now = Timestamp.nowMs()
+        let state: NodeState
+        if let failure = result as? Failure {
+            var error = JobRun.nodeError(failure, node: nodes[i].id)
+            if i == 0, deadlineExpired, error.kind == .cancelled {
+                error = NodeError(.timeout, "job deadline of \(record.deadlineMs ?? 0) ms passed", node: nodes[i].id)
+            }
+            if error.kind == .cancelled, i == 0, cancelRequested { error.message = "job cancelled" }
+            state = error.kind == .cancelled ? .cancelled : .failed
+            nodes[i].error = error
+            nodes[i].result = nil
+        } else {
+            state = .succeeded
+            nodes[i].result = (result as? JSONValue) ?? .null
+            nodes[i].error = nil
+        }
+        nodes[i].finishedAt = now
+        if let started = nodes[i].startedAt { nodes[i].elapsedMs = Int(now - started) }
+        changeState(i, to: state)
+        if i == 0 { finishJob(fromRootResult: result) }
+    }
+
+    private func finishJob(fromRootResult result: Any?) {
+        deadlineTimer?.cancel()
+        deadlineTimer = nil
+        record.state = nodes[0].state
+        record.finishedAt = nodes[0].finishedAt ?? Timestamp.nowMs()
+        record.result = nodes[0].state == .succeeded ? nodes[0].result : nil
+        record.error = nodes[0].state == .succeeded ? nil : nodes[0].error
+        dirtyJob = true
+        engine.jobStateChanged(self)
+    }
+
+    private func changeState(_ i: Int, to state: NodeState) {
+        let old = nodes[i].state
+        guard old != state else { return }
+        nodes[i].state = state
+        record.progress[old] -= 1
+        record.progress[state] += 1
+        if state.isSettled && !old.isSettled { unsettledNodes -= 1 }
+        if i == 0 {
+            record.state = state
+            if state == .running { record.startedAt = nodes[0].startedAt }
+            if !state.isSettled { engine.jobStateChanged(self) }
+        }
+        touch(i)
+    }
+
+    /// Records a change of node `i`: a new version, written with the next batch.
+    private func touch(_ i: Int) {
+        record.version += 1
+        dirtyNodes.insert(i)
+        dirtyJob = true
+        engine.markDirty(self)
+    }
+
+    // MARK: - cancelling
+
+    /// Cancels every unsettled node (API.md §1.3).
+    func cancel() {
+        guard !record.state.isSettled else { return }
+        cancelRequested = true
+        if let root = deferreds[0] {
+            root.cancel()
+        } else {
+            endUnstarted(0, as: .cancelled)
+        }
+    }
+
+    private func deadlinePassed() {
+        deadlineTimer = nil
+        guard !record.state.isSettled, !stopping else { return }
+        deadlineExpired = true
+        if let root = deferreds[0] { root.cancel() }
+    }
+
+    /// Stops recording anything: the server is going down, or the job is being deleted.
+    func stop() {
+        stopping = true
+        deadlineTimer?.cancel()
+        deadlineTimer = nil
+        for handle in transfers.values { handle.cancel() }
+        transfers.removeAll()
+    }
+
+    static func isCancellation(_ failure: Failure) -> Bool {
+        failure.isCancellation || (failure.error as? NodeError)?.kind == .cancelled
+    }
+
+    static func nodeError(_ failure: Failure, node: String) -> NodeError {
+        if var error = failure.error as? NodeError {
+            if error.node == nil { error.node = node }
+            return error
+        }
+        if failure.isCancellation { return NodeError(.cancelled, "cancelled", node: node) }
+        return NodeError(.internal, String(describing: failure.error), node: node)
+    }
+}
+
+/// A list with `concurrency`: children wait behind stand-in Deferreds until a slot frees.
+private final class ListWindow {
+    unowned let run: JobRun
+    let children: [Int]
+    let limit: Int
+    var placeholders: [Deferred] = []
+    var started: [Int: Deferred] = [:]
+    var next = 0
+    var running = 0
+    var pumping = false
+
+    init(run: JobRun, children: [Int], limit: Int) {
+        self.run = run
+        self.children = children
+        self.limit = limit
+        placeholders = children.indices.map { k in
+            Deferred(canceller: { [weak self] d in
+                if let self {
+                    self.cancelChild(k, d)
+                } else if !d.isCalled {
+                    _ = try? d.takeError(Failure.cancellation())
+                }
+            })
+        }
+        // The placeholders keep the window alive until the list is done with them.
+        for (k, child) in children.enumerated() { run.deferreds[child] = placeholders[k] }
+        pump()
+    }
+
+    private func cancelChild(_ k: Int, _ placeholder: Deferred) {
+        if let child = started[k] {
+            child.cancel()
+        } else {
+            run.deferreds[children[k]] = nil
+            run.endUnstarted(children[k], as: .cancelled)
+        }
+        if !placeholder.isCalled { _ = try? placeholder.takeError(Failure.cancellation()) }
+    }
+
+    private func pump() {
+        guard !pumping else { return }
+        pumping = true
+        defer { pumping = false }
+        while running < limit, next < children.count {
+            let k = next
+            next += 1
+            let placeholder = placeholders[k]
+            if placeholder.isCalled { continue }  // cancelled before it started
+            running += 1
+            run.deferreds[children[k]] = nil
+            let child = run.start(children[k])
+            started[k] = child
+            child.both { [self] result in
+                self.running -= 1
+                self.started[k] = nil
+                if !placeholder.isCalled {
+                    if let failure = result as? Failure {
+                        _ = try? placeholder.takeError(failure)
+                    } else {
+                        _ = try? placeholder.takeResult(result)
+                    }
+                }
+                self.pump()
+                return result
+            }
+        }
+    }
+}
+
+/// A sequence: child n+1 starts after child n settled.
+private final class SequenceRun {
+    unowned let run: JobRun
+    let children: [Int]
+    let continueOnError: Bool
+    var deferred: Deferred!
+    var results: [JSONValue] = []
+    var index = 0
+    var waiting = false
+    var pumping = false
+    var cancelling = false
+    var current: Deferred?
+
+    init(run: JobRun, children: [Int], continueOnError: Bool) {
+        self.run = run
+        self.children = children
+        self.continueOnError = continueOnError
+        self.deferred = Deferred(canceller: { [weak self] d in
+            if let self {
+                self.cancel(d)
+            } else if !d.isCalled {
+                _ = try? d.takeError(Failure.cancellation())
+            }
+        })
+        pump()
+    }
+
+    private func cancel(_ d: Deferred) {
+        cancelling = true
+        current?.cancel()
+        for k in index..<children.count { run.endUnstarted(children[k], as: .cancelled) }
+        index = children.count
+        if !d.isCalled { _ = try? d.takeError(Failure.cancellation()) }
+    }
+
+    private func pump() {
+        guard !pumping else { return }
+        pumping = true
+        defer { pumping = false }
+        while !cancelling, !deferred.isCalled, !waiting {
+            if index >= children.count {
+                _ = try? deferred.takeResult(JSONValue.array(results))
+                return
+            }
+            waiting = true
+            let child = run.start(children[index])
+            current = child
+            child.both { [self] result in
+                self.waiting = false
+                self.current = nil
+                self.childSettled(result)
+                self.pump()
+                return result
+            }
+        }
+    }
+
+    private func childSettled(_ result: Any?) {
+        guard !cancelling, !deferred.isCalled else { return }
+        let child = children[index]
+        index += 1
+        if let failure = result as? Failure, !continueOnError {
+            for k in index..<children.count { run.endUnstarted(children[k], as: .skipped) }
+            index = children.count
+            _ = try? deferred.takeError(failure)
+            return
+        }
+        results.append(run.entry(result, child: child, consumeErrors: false))
+    }
+}

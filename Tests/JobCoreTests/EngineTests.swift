@@ -1,0 +1,431 @@
+import Foundation
+import TestSupport
+import XCTest
+
+@testable import JobCore
+
+/// The engine's rules (API.md §1.2–1.3), each run against real fetches to the local upstream.
+final class EngineTests: XCTestCase {
+    static var upstream: Upstream?
+    var upstream: Upstream { EngineTests.upstream! }
+    var directory = ""
+    var engines: [Engine] = []
+
+    override class func setUp() {
+        upstream = try? Upstream.start()
+    }
+
+    override class func tearDown() {
+        upstream?.stop()
+        upstream = nil
+    }
+
+    override func setUpWithError() throws {
+        guard EngineTests.upstream != nil else { throw XCTSkip("the upstream fixture did not start") }
+        directory = NSTemporaryDirectory() + "engine-tests-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        try upstream.resetStats()
+    }
+
+    override func tearDown() {
+        for engine in engines { engine.shutdown(gracePeriodMs: 2000) }
+        engines.removeAll()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    // MARK: - Helpers
+
+    func makeEngine(
+        dbName: String = "jobs.sqlite", configure: (inout EngineConfiguration) -> Void = { _ in }
+    ) throws -> Engine {
+        let store = try SQLiteJobStore(path: directory + "/" + dbName)
+        var fetcherConfig = FetcherConfiguration()
+        fetcherConfig.denyCIDRs = []
+        let fetcher = try Fetcher(configuration: fetcherConfig)
+        var config = EngineConfiguration()
+        configure(&config)
+        let engine = Engine(store: store, fetcher: fetcher, configuration: config, logger: .disabled)
+        try engine.start()
+        engines.append(engine)
+        return engine
+    }
+
+    /// The upstream's URL for `path`, as a JSON string literal.
+    func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
+
+    func submit(_ engine: Engine, _ body: String, key: String? = nil) throws -> JobRecord {
+        let json = try JSONValue.parse(body)
+        let spec = try JobSpec.parse(json)
+        switch try engine.submit(spec, request: json, idempotencyKey: key) {
+        case .created(let job), .existing(let job): return job
+        case let other: throw UpstreamError("submit answered \(other)")
+        }
+    }
+
+    /// Waits (at most `seconds`) until the job is settled and every node of it too.
+    func settled(_ engine: Engine, _ id: String, seconds: Double = 10) throws -> JobRecord {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            let done = DispatchSemaphore(value: 0)
+            let box = Box<JobRecord?>(nil)
+            _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 200) { job in
+                box.value = job
+                done.signal()
+            }
+            done.wait()
+            if let job = box.value, job.state.isSettled, job.progress.pending + job.progress.running == 0 {
+                return job
+            }
+        }
+        throw UpstreamError("job \(id) did not settle within \(seconds) s")
+    }
+
+    func nodes(_ engine: Engine, _ id: String) throws -> [String: NodeRecord] {
+        let list = try engine.nodes(jobID: id, includeResults: true) ?? []
+        return Dictionary(uniqueKeysWithValues: list.map { ($0.id, $0) })
+    }
+
+    func run(_ engine: Engine, _ graph: String, extra: String = "") throws -> (JobRecord, [String: NodeRecord]) {
+        let job = try submit(engine, #"{"graph": \#(graph)\#(extra)}"#)
+        let done = try settled(engine, job.id)
+        return (done, try nodes(engine, job.id))
+    }
+
+    // MARK: - Lists
+
+    func testPlainListSucceedsWithResultsAndErrorEntriesInChildOrder() throws {
+        let engine = try makeEngine()
+        let (job, nodes) = try run(engine, """
+            {"type":"list","children":[
+              {"type":"fetch","url":\(u("/status/503"))},
+              {"type":"fetch","url":\(u("/json"))}]}
+            """)
+        XCTAssertEqual(job.state, .succeeded)
+        let results = try XCTUnwrap(job.result?.arrayValue)
+        XCTAssertEqual(results.count, 2)
+        XCTAssertEqual(results[0]["error"]?["kind"], "http_status")
+        XCTAssertEqual(results[0]["error"]?["status"], 503)
+        XCTAssertEqual(results[0]["error"]?["node"], "root.0")
+        XCTAssertEqual(results[1]["status"], 200)
+        XCTAssertEqual(results[1]["body"]?["ok"], true)
+        XCTAssertEqual(nodes["root.0"]?.state, .failed)
+        XCTAssertEqual(nodes["root.0"]?.status, 503)
+        XCTAssertEqual(nodes["root.1"]?.state, .succeeded)
+        XCTAssertEqual(job.progress.done, 3)
+        XCTAssertEqual(job.progress.percent, 100)
+    }
+
+    func testConsumeErrorsPutsNullForFailedChildren() throws {
+        let engine = try makeEngine()
+        let (job, _) = try run(engine, """
+            {"type":"list","consume_errors":true,"children":[
+              {"type":"fetch","url":\(u("/json"))},
+              {"type":"fetch","url":\(u("/status/500"))}]}
+            """)
+        XCTAssertEqual(job.state, .succeeded)
+        XCTAssertEqual(job.result?.arrayValue?[1], .null)
+        XCTAssertEqual(job.result?.arrayValue?[0]["status"], 200)
+    }
+
+    func testFireOnFirstResultSucceedsWithTheValueAndCancelsTheRest() throws {
+        let engine = try makeEngine()
+        let (job, nodes) = try run(engine, """
+            {"type":"list","fire_on_first_result":true,"children":[
+              {"type":"fetch","url":\(u("/hang"))},
+              {"type":"fetch","url":\(u("/status/500"))},
+              {"type":"fetch","url":\(u("/json"))}]}
+            """)
+        XCTAssertEqual(job.state, .succeeded)
+        XCTAssertEqual(job.result?["status"], 200)
+        XCTAssertEqual(job.result?["body"]?["ok"], true)
+        XCTAssertEqual(nodes["root.0"]?.state, .cancelled)
+        XCTAssertEqual(nodes["root.0"]?.error?.kind, .cancelled)
+        XCTAssertEqual(nodes["root.1"]?.state, .failed)
+    }
+
+    func testFireOnFirstResultFailsWithAllFailedWhenEveryChildFails() throws {
+        let engine = try makeEngine()
+        let (job, _) = try run(engine, """
+            {"type":"list","fire_on_first_result":true,"children":[
+              {"type":"fetch","url":\(u("/status/500"))},
+              {"type":"fetch","url":\(u("/status/404"))}]}
+            """)
+        XCTAssertEqual(job.state, .failed)
+        XCTAssertEqual(job.error?.kind, .allFailed)
+        XCTAssertEqual(job.error?.errors?.map(\.status), [500, 404])
+        XCTAssertEqual(job.error?.errors?.map(\.node), ["root.0", "root.1"])
+    }
+
+    func testFireOnFirstErrorFailsWithTheChildErrorAndAbortsTheSibling() throws {
+        let engine = try makeEngine()
+        let (job, nodes) = try run(engine, """
+            {"type":"list","fire_on_first_error":true,"children":[
+              {"id":"slow","type":"fetch","url":\(u("/hang"))},
+              {"id":"bad","type":"fetch","url":\(u("/delay/100?x=1"))},
+              {"id":"worse","type":"fetch","url":\(u("/status/502"))}]}
+            """)
+        XCTAssertEqual(job.state, .failed)
+        XCTAssertEqual(job.error?.kind, .httpStatus)
+        XCTAssertEqual(job.error?.node, "worse")
+        XCTAssertEqual(job.error?.status, 502)
+        XCTAssertEqual(nodes["slow"]?.state, .cancelled)
+        XCTAssertEqual(nodes["bad"]?.state, .cancelled)
+        XCTAssertTrue(try waitForDisconnect(path: "/hang"), "the upstream never saw the aborted transfer")
+    }
+
+    func testFireOnFirstErrorSucceedsWithTheArrayWhenAllSucceed() throws {
+        let engine = try makeEngine()
+        let (job, _) = try run(engine, """
+            {"type":"list","fire_on_first_error":true,"children":[
+              {"type":"fetch","url":\(u("/json"))},{"type":"fetch","url":\(u("/text"))}]}
+            """)
+        XCTAssertEqual(job.state, .succeeded)
+        XCTAssertEqual(job.result?.arrayValue?.count, 2)
+        XCTAssertEqual(job.result?.arrayValue?[1]["body"], "hello, world")
+    }
+
+    func testBothFlagsSettleLikeWhicheverHappensFirst() throws {
+        let engine = try makeEngine()
+        let (first, _) = try run(engine, """
+            {"type":"list","fire_on_first_result":true,"fire_on_first_error":true,"children":[
+              {"type":"fetch","url":\(u("/delay/300"))},{"type":"fetch","url":\(u("/status/500"))}]}
+            """)
+        XCTAssertEqual(first.state, .failed)
+        XCTAssertEqual(first.error?.status, 500)
+        let (second, _) = try run(engine, """
+            {"type":"list","fire_on_first_result":true,"fire_on_first_error":true,"children":[
+              {"type":"fetch","url":\(u("/json"))},{"type":"fetch","url":\(u("/count/late?delay_ms=300&fail=5"))}]}
+            """)
+        XCTAssertEqual(second.state, .succeeded)
+        XCTAssertEqual(second.result?["status"], 200)
+    }
+
+    func testCancelRemainingFalseLetsTheOtherChildrenFinish() throws {
+        let engine = try makeEngine()
+        let (job, nodes) = try run(engine, """
+            {"type":"list","fire_on_first_result":true,"cancel_remaining":false,"children":[
+              {"type":"fetch","url":\(u("/json"))},{"type":"fetch","url":\(u("/delay/200"))}]}
+            """)
+        XCTAssertEqual(job.state, .succeeded)
+        XCTAssertEqual(nodes["root.1"]?.state, .succeeded)
+        XCTAssertEqual(nodes["root.1"]?.result?["body"]?["delayed_ms"], 200)
+    }
+
+    func testConcurrencyBoundsChildrenRunningAtOnce() throws {
+        let engine = try makeEngine()
+        let children = (0..<6).map { _ in #"{"type":"fetch","url":\#(u("/delay/150"))}"# }.joined(separator: ",")
+        let (job, _) = try run(engine, #"{"type":"list","concurrency":2,"children":[\#(children)]}"#)
+        XCTAssertEqual(job.state, .succeeded)
+        XCTAssertEqual(job.result?.arrayValue?.count, 6)
+        let stats = try upstream.stats()
+        XCTAssertEqual(stats["max_active"]?.intValue, 2)
+    }
+
+    func testPerHostLimitBoundsTransfersAcrossJobs() throws {
+        let engine = try makeEngine { $0.maxPerHost = 3 }
+        let children = (0..<8).map { _ in #"{"type":"fetch","url":\#(u("/delay/100"))}"# }.joined(separator: ",")
+        let a = try submit(engine, #"{"graph":{"type":"list","children":[\#(children)]}}"#)
+        let b = try submit(engine, #"{"graph":{"type":"list","children":[\#(children)]}}"#)
+        XCTAssertEqual(try settled(engine, a.id).state, .succeeded)
+        XCTAssertEqual(try settled(engine, b.id).state, .succeeded)
+        let maxActive = try XCTUnwrap(try upstream.stats()["max_active"]?.intValue)
+        XCTAssertLessThanOrEqual(maxActive, 3)
+    }
+
+    // MARK: - Sequences
+
+    func testSequenceSucceedsWithTheArrayInOrder() throws {
+        let engine = try makeEngine()
+        let (job, nodes) = try run(engine, """
+            {"type":"sequence","children":[
+              {"type":"fetch","url":\(u("/count/seq"))},{"type":"fetch","url":\(u("/count/seq"))}]}
+            """)
+        XCTAssertEqual(job.state, .succeeded)
+        XCTAssertEqual(job.result?.arrayValue?.map { $0["body"]?["count"] }, [1, 2])
+        let first = try XCTUnwrap(nodes["root.0"]?.finishedAt)
+        let second = try XCTUnwrap(nodes["root.1"]?.startedAt)
+        XCTAssertLessThanOrEqual(first, second)
+    }
+
+    func testSequenceStopsAtTheFirstFailureAndSkipsTheRest() throws {
+        let engine = try makeEngine()
+        let (job, nodes) = try run(engine, """
+            {"type":"sequence","children":[
+              {"type":"fetch","url":\(u("/json"))},
+              {"type":"fetch","url":\(u("/status/500"))},
+              {"type":"list","children":[{"type":"fetch","url":\(u("/count/never"))}]}]}
+            """)
+        XCTAssertEqual(job.state, .failed)
+        XCTAssertEqual(job.error?.node, "root.1")
+        XCTAssertEqual(nodes["root.2"]?.state, .skipped)
+        XCTAssertEqual(nodes["root.2.0"]?.state, .skipped)
+        XCTAssertEqual(job.progress.skipped, 2)
+        XCTAssertNil(try upstream.stats()["counters"]?["never"])
+    }
+
+    func testSequenceContinueOnErrorKeepsGoing() throws {
+        let engine = try makeEngine()
+        let (job, _) = try run(engine, """
+            {"type":"sequence","continue_on_error":true,"children":[
+              {"type":"fetch","url":\(u("/status/500"))},{"type":"fetch","url":\(u("/json"))}]}
+            """)
+        XCTAssertEqual(job.state, .succeeded)
+        XCTAssertEqual(job.result?.arrayValue?[0]["error"]?["status"], 500)
+        XCTAssertEqual(job.result?.arrayValue?[1]["status"], 200)
+    }
+
+    // MARK: - Timeouts, deadlines, recover, cancel
+
+    func testNodeTimeoutFailsTheNodeAndCancelsItsDescendants() throws {
+        let engine = try makeEngine()
+        let (job, nodes) = try run(engine, """
+            {"type":"list","timeout_ms":300,"children":[
+              {"type":"fetch","url":\(u("/hang"))},
+              {"type":"sequence","children":[{"type":"fetch","url":\(u("/hang"))},{"type":"fetch","url":\(u("/json"))}]}]}
+            """)
+        XCTAssertEqual(job.state, .failed)
+        XCTAssertEqual(job.error?.kind, .timeout)
+        XCTAssertEqual(job.error?.node, "root")
+        for id in ["root.0", "root.1", "root.1.0", "root.1.1"] {
+            XCTAssertEqual(nodes[id]?.state, .cancelled, id)
+        }
+    }
+
+    func testDeadlineFailsTheJobWithTimeout() throws {
+        let engine = try makeEngine()
+        let (job, nodes) = try run(engine, #"{"type":"list","children":[{"type":"fetch","url":\#(u("/hang"))}]}"#,
+                                   extra: #","deadline_ms":300"#)
+        XCTAssertEqual(job.state, .failed)
+        XCTAssertEqual(job.error?.kind, .timeout)
+        XCTAssertEqual(nodes["root.0"]?.state, .cancelled)
+        let elapsed = try XCTUnwrap(job.finishedAt) - job.createdAt
+        XCTAssertGreaterThanOrEqual(elapsed, 290)
+        XCTAssertLessThan(elapsed, 3000)
+    }
+
+    func testRecoverTurnsAFailureIntoItsValue() throws {
+        let engine = try makeEngine()
+        let (job, nodes) = try run(engine, """
+            {"type":"list","fire_on_first_error":true,"children":[
+              {"type":"fetch","url":\(u("/status/503")),"recover":{"fallback":true}},
+              {"type":"fetch","url":\(u("/hang")),"timeout_ms":100,"recover":null}]}
+            """)
+        XCTAssertEqual(job.state, .succeeded)
+        XCTAssertEqual(job.result, .array([.object(["fallback": true]), .null]))
+        XCTAssertEqual(nodes["root.0"]?.recovered, true)
+        XCTAssertEqual(nodes["root.0"]?.state, .succeeded)
+        XCTAssertEqual(nodes["root.1"]?.recovered, true)
+    }
+
+    func testCancelReachesEveryUnsettledNodeAndAbortsTransfers() throws {
+        let engine = try makeEngine()
+        let job = try submit(engine, """
+            {"graph":{"type":"sequence","children":[
+              {"type":"list","children":[{"type":"fetch","url":\(u("/hang"))},{"type":"fetch","url":\(u("/json"))}]},
+              {"type":"fetch","url":\(u("/json"))}]}}
+            """)
+        Thread.sleep(forTimeInterval: 0.3)
+        guard case .cancelling = try engine.cancel(id: job.id) else { return XCTFail("not cancelling") }
+        let done = try settled(engine, job.id)
+        XCTAssertEqual(done.state, .cancelled)
+        XCTAssertEqual(done.error?.kind, .cancelled)
+        let nodes = try nodes(engine, job.id)
+        XCTAssertEqual(nodes["root.0.0"]?.state, .cancelled)
+        XCTAssertEqual(nodes["root.0.1"]?.state, .succeeded)
+        XCTAssertEqual(nodes["root.1"]?.state, .cancelled)
+        XCTAssertTrue(try waitForDisconnect(path: "/hang"))
+        guard case .alreadyCancelled = try engine.cancel(id: job.id) else { return XCTFail("second cancel") }
+    }
+
+    func testVersionGrowsWithEveryNodeChangeAndLongPollSeesIt() throws {
+        let engine = try makeEngine()
+        let job = try submit(engine, #"{"graph":{"type":"fetch","url":\#(u("/delay/200"))}}"#)
+        let box = Box<JobRecord?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        let start = Date()
+        _ = engine.waitForChange(id: job.id, afterVersion: 2, timeoutMs: 5000) { record in
+            box.value = record
+            done.signal()
+        }
+        done.wait()
+        XCTAssertGreaterThan(box.value?.version ?? 0, 2)
+        XCTAssertLessThan(Date().timeIntervalSince(start), 4)
+        let final = try settled(engine, job.id)
+        XCTAssertEqual(final.state, .succeeded)
+        XCTAssertGreaterThanOrEqual(final.version, 3)
+    }
+
+    func testIdempotencyKeyReturnsTheFirstJob() throws {
+        let engine = try makeEngine()
+        let body = #"{"graph":{"type":"fetch","url":\#(u("/json"))}}"#
+        let spec = try JobSpec.parse(try JSONValue.parse(body))
+        guard case .created(let first) = try engine.submit(spec, request: try JSONValue.parse(body), idempotencyKey: "k1"),
+            case .existing(let again) = try engine.submit(spec, request: try JSONValue.parse(body), idempotencyKey: "k1")
+        else { return XCTFail("expected created then existing") }
+        XCTAssertEqual(first.id, again.id)
+        let other = #"{"graph":{"type":"fetch","url":\#(u("/text"))}}"#
+        guard case .conflict = try engine.submit(try JobSpec.parse(try JSONValue.parse(other)), request: try JSONValue.parse(other), idempotencyKey: "k1")
+        else { return XCTFail("expected conflict") }
+    }
+
+    func testQueueFullRefusesSubmissions() throws {
+        let engine = try makeEngine { $0.maxActiveJobs = 1 }
+        let body = #"{"graph":{"type":"fetch","url":\#(u("/hang"))}}"#
+        let job = try submit(engine, body)
+        let spec = try JobSpec.parse(try JSONValue.parse(body))
+        guard case .queueFull = try engine.submit(spec, request: try JSONValue.parse(body), idempotencyKey: nil)
+        else { return XCTFail("expected queueFull") }
+        _ = try engine.cancel(id: job.id)
+    }
+
+    // MARK: - Restart
+
+    func testRestartResumesJobsKeepingSettledResults() throws {
+        let first = try makeEngine(dbName: "resume.sqlite")
+        let job = try submit(first, """
+            {"graph":{"type":"sequence","children":[
+              {"type":"fetch","url":\(u("/count/step1"))},
+              {"type":"fetch","url":\(u("/delay/800"))},
+              {"type":"fetch","url":\(u("/count/step3"))}]}}
+            """)
+        Thread.sleep(forTimeInterval: 0.4)  // step 1 done, step 2 in flight
+        first.shutdown(gracePeriodMs: 2000)
+        engines.removeAll()
+        let second = try makeEngine(dbName: "resume.sqlite")
+        let done = try settled(second, job.id)
+        XCTAssertEqual(done.state, .succeeded)
+        XCTAssertEqual(done.result?.arrayValue?[0]["body"]?["count"], 1)
+        let counters = try upstream.stats()["counters"]
+        XCTAssertEqual(counters?["step1"], 1, "a settled node ran again")
+        XCTAssertEqual(counters?["step3"], 1)
+    }
+
+    func testRestartFailsNonIdempotentFetchesThatWereInFlight() throws {
+        let first = try makeEngine(dbName: "interrupt.sqlite")
+        let job = try submit(first, #"{"graph":{"type":"fetch","method":"POST","url":\#(u("/delay/800"))}}"#)
+        Thread.sleep(forTimeInterval: 0.3)
+        first.shutdown(gracePeriodMs: 2000)
+        engines.removeAll()
+        let second = try makeEngine(dbName: "interrupt.sqlite")
+        let done = try settled(second, job.id)
+        XCTAssertEqual(done.state, .failed)
+        XCTAssertEqual(done.error?.kind, .interrupted)
+    }
+
+    // MARK: -
+
+    func waitForDisconnect(path: String, seconds: Double = 3) throws -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            let list = try upstream.stats()["disconnects"]?.arrayValue ?? []
+            if list.contains(where: { $0["path"]?.stringValue?.hasPrefix(path) == true }) { return true }
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        return false
+    }
+}
+
+final class Box<T>: @unchecked Sendable {
+    var value: T
+    init(_ value: T) { self.value = value }
+}
