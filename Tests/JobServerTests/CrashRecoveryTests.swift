@@ -1,0 +1,193 @@
+import Foundation
+import JobCore
+import TestSupport
+import XCTest
+
+/// A real `jobserver` process, killed with SIGKILL while jobs run, restarted on the same SQLite file.
+final class CrashRecoveryTests: XCTestCase {
+    var upstream: Upstream!
+    var directory = ""
+    var server: Process?
+
+    override func setUpWithError() throws {
+        guard FileManager.default.isExecutableFile(atPath: JobServerProcess.binaryPath) else {
+            throw XCTSkip("build the jobserver executable first (swift build)")
+        }
+        upstream = try Upstream.start()
+        directory = NSTemporaryDirectory() + "crash-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+    }
+
+    override func tearDown() {
+        if let server, server.isRunning { kill(server.processIdentifier, SIGKILL) }
+        upstream?.stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    func testKilledServerResumesEveryAcceptedJobKeepingSettledResults() throws {
+        let db = directory + "/jobs.sqlite"
+        var running = try JobServerProcess.start(db: db)
+        server = running.process
+        let api = running.baseURL
+
+        // One 200-fetch job, spread over time by the per-host limit, and small three-step sequences.
+        let bigChildren = (0..<200).map { i in #"{"type":"fetch","url":"\#(upstream.url("/count/big-\(i)?delay_ms=50"))"}"# }
+        let big = try Curl.json("POST", api + "/v1/jobs", body: #"{"name":"big","graph":{"type":"list","concurrency":8,"children":[\#(bigChildren.joined(separator: ","))]}}"#)
+        XCTAssertEqual(big.status, 201)
+        var accepted: [String] = [try XCTUnwrap(big.body["id"]?.stringValue)]
+        for j in 0..<20 {
+            let steps = (0..<3).map { s in #"{"type":"fetch","url":"\#(upstream.url("/count/small-\(j)-\(s)?delay_ms=300"))"}"# }
+            let small = try Curl.json("POST", api + "/v1/jobs", body: #"{"graph":{"type":"sequence","children":[\#(steps.joined(separator: ","))]}}"#)
+            XCTAssertEqual(small.status, 201)
+            accepted.append(try XCTUnwrap(small.body["id"]?.stringValue))
+        }
+        // A non-idempotent fetch that will be in flight at the kill.
+        let post = try Curl.json("POST", api + "/v1/jobs", body: #"{"graph":{"type":"fetch","method":"POST","url":"\#(upstream.url("/delay/5000"))"}}"#)
+        XCTAssertEqual(post.status, 201)
+        let postID = try XCTUnwrap(post.body["id"]?.stringValue)
+
+        Thread.sleep(forTimeInterval: 0.5)
+        // What had settled before the kill must not run again.
+        var settledBefore: [String: Set<String>] = [:]
+        for id in accepted {
+            let nodes = try Curl.json("GET", api + "/v1/jobs/\(id)/nodes")
+            for node in nodes.body["nodes"]?.arrayValue ?? [] where node["state"] == "succeeded" && node["type"] == "fetch" {
+                settledBefore[id, default: []].insert(try XCTUnwrap(node["id"]?.stringValue))
+            }
+        }
+        // State changes are committed in batches a few milliseconds apart: let the ones seen above land.
+        Thread.sleep(forTimeInterval: 0.2)
+        kill(running.process.processIdentifier, SIGKILL)
+        running.process.waitUntilExit()
+        XCTAssertEqual(running.process.terminationReason, .uncaughtSignal)
+
+        running = try JobServerProcess.start(db: db)
+        server = running.process
+        let api2 = running.baseURL
+        for id in accepted + [postID] {
+            let job = try Curl.json("GET", api2 + "/v1/jobs/\(id)?wait=30")
+            XCTAssertEqual(job.status, 200, "job \(id) lost")
+            let state = job.body["state"]?.stringValue
+            if id == postID {
+                XCTAssertEqual(state, "failed")
+                XCTAssertEqual(job.body["error"]?["kind"], "interrupted")
+            } else {
+                XCTAssertEqual(state, "succeeded", "job \(id): \(job.body)")
+            }
+        }
+        let bigJob = try Curl.json("GET", api2 + "/v1/jobs/\(accepted[0])")
+        XCTAssertEqual(bigJob.body["result"]?.arrayValue?.count, 200)
+        XCTAssertEqual(bigJob.body["progress"]?["succeeded"], 201)
+
+        // Every fetch ran; the ones settled before the kill ran exactly once.
+        let counters = try XCTUnwrap(upstream.stats()["counters"])
+        for i in 0..<200 { XCTAssertGreaterThanOrEqual(counters["big-\(i)"]?.intValue ?? 0, 1, "big-\(i) never ran") }
+        for j in 0..<20 {
+            for s in 0..<3 { XCTAssertGreaterThanOrEqual(counters["small-\(j)-\(s)"]?.intValue ?? 0, 1) }
+        }
+        var checked = 0
+        for (index, id) in accepted.enumerated() {
+            for node in settledBefore[id] ?? [] {
+                let key: String
+                if index == 0 {
+                    key = "big-" + (node.split(separator: ".").last.map(String.init) ?? "")
+                } else {
+                    key = "small-\(index - 1)-" + (node.split(separator: ".").last.map(String.init) ?? "")
+                }
+                XCTAssertEqual(counters[key]?.intValue, 1, "\(key) settled before the kill but ran again")
+                checked += 1
+            }
+        }
+        XCTAssertGreaterThan(checked, 0, "nothing had settled before the kill; the test proves nothing")
+        running.stop()
+    }
+}
+
+/// A `jobserver` child process on a free loopback port.
+struct JobServerProcess {
+    let process: Process
+    let port: Int
+    var baseURL: String { "http://127.0.0.1:\(port)" }
+
+    static var binaryPath: String {
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent(".build/debug/jobserver").path
+    }
+
+    /// Starts the server and waits (at most 15 s) until `/healthz` answers.
+    static func start(db: String, extraArguments: [String] = []) throws -> JobServerProcess {
+        let port = try freePort()
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binaryPath)
+        process.arguments = ["serve", "--host", "127.0.0.1", "--port", String(port), "--db", db] + extraArguments
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        let deadline = Date().addingTimeInterval(15)
+        while Date() < deadline {
+            if let health = try? Curl.json("GET", "http://127.0.0.1:\(port)/healthz"), health.status == 200 {
+                return JobServerProcess(process: process, port: port)
+            }
+            if !process.isRunning { break }
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        process.terminate()
+        throw UpstreamError("jobserver did not answer /healthz on port \(port)")
+    }
+
+    /// SIGTERM, then wait for the exit.
+    func stop() {
+        guard process.isRunning else { return }
+        process.terminate()
+        process.waitUntilExit()
+    }
+
+    static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw UpstreamError("socket() failed") }
+        defer { close(fd) }
+        var addr = sockaddr_in()
+        addr.sin_family = sa_family_t(AF_INET)
+        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+        addr.sin_port = 0
+        let bound = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard bound == 0 else { throw UpstreamError("bind() failed") }
+        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
+        }
+        return Int(UInt16(bigEndian: addr.sin_port))
+    }
+}
+
+/// The real curl as the client.
+enum Curl {
+    struct Answer {
+        var status: Int
+        var body: JSONValue
+    }
+
+    /// Runs curl and parses the answer as JSON (`null` when it is not JSON).
+    static func json(_ method: String, _ url: String, body: String? = nil, headers: [String] = []) throws -> Answer {
+        var args = ["-s", "-X", method, "-o", "-", "-w", "\n%{http_code}", "--max-time", "40"]
+        for h in headers { args += ["-H", h] }
+        if let body { args += ["-H", "Content-Type: application/json", "--data-binary", body] }
+        args.append(url)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+        process.arguments = args
+        let out = Pipe()
+        process.standardOutput = out
+        try process.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        let text = String(decoding: data, as: UTF8.self)
+        guard let split = text.lastIndex(of: "\n"), let status = Int(text[text.index(after: split)...]), status > 0 else {
+            throw UpstreamError("curl \(method) \(url) failed")
+        }
+        let payload = Array(text[..<split].utf8)
+        return Answer(status: status, body: (try? JSONValue.parse(payload)) ?? .null)
+    }
+}
