@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# GET /v1/jobs/{id} of a settled job against nginx serving the same bytes as a
+# static file, wrk -t2 -c64, same run. Prints a markdown section on stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+
+DURATION=${BENCH_DURATION:-10s}
+swift build -c release --product jobserver >&2
+BIN=$(swift build -c release --show-bin-path)/jobserver
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+
+server_port=$(free_port)
+"$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$tmp/jobs.sqlite" --log-level error 2>/dev/null &
+pids+=($!)
+wait_for "http://127.0.0.1:$server_port/healthz"
+# A settled job: a list of three fetches refused by a closed port.
+id=$(curl -fsS -H 'Content-Type: application/json' \
+    --data '{"name":"bench","graph":{"type":"list","children":[{"type":"fetch","url":"http://127.0.0.1:9/a"},{"type":"fetch","url":"http://127.0.0.1:9/b"},{"type":"fetch","url":"http://127.0.0.1:9/c"}]}}' \
+    "http://127.0.0.1:$server_port/v1/jobs" | jq -r .id)
+curl -fsS -o /dev/null "http://127.0.0.1:$server_port/v1/jobs/$id?wait=10"
+
+mkdir -p "$tmp/www"
+curl -fsS -o "$tmp/www/job.json" "http://127.0.0.1:$server_port/v1/jobs/$id"
+chmod 644 "$tmp/www/job.json"
+bytes=$(stat -c %s "$tmp/www/job.json")
+start_nginx "$tmp/www"
+pids+=("$nginx_pid")
+wait_for "http://127.0.0.1:$nginx_port/job.json"
+
+nginx_out=$(wrk -t2 -c64 -d"$DURATION" "http://127.0.0.1:$nginx_port/job.json")
+echo "$nginx_out" >&2
+server_out=$(wrk -t2 -c64 -d"$DURATION" "http://127.0.0.1:$server_port/v1/jobs/$id")
+echo "$server_out" >&2
+nginx_rps=$(echo "$nginx_out" | rps)
+server_rps=$(echo "$server_out" | rps)
+ratio=$(python3 -c "print(f'{$server_rps / $nginx_rps:.2f}')")
+
+cat <<MD
+## GET of a settled job against nginx
+
+\`GET /v1/jobs/{id}\` of a settled three-node job ($bytes bytes of JSON, read from the store) against nginx
+$(nginx_version) serving the same bytes as a static file (\`worker_processes auto\`, \`access_log off\`),
+\`wrk -t2 -c64 -d$DURATION\` each, one after the other in the same run.
+
+| server | requests/s | ratio to nginx |
+|---|---:|---:|
+| nginx, static file | $nginx_rps | 1.00 |
+| jobserver \`GET /v1/jobs/{id}\` | $server_rps | **$ratio** |
+
+Target: at least 0.5× nginx.
+MD

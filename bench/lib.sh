@@ -1,0 +1,59 @@
+# Shared helpers for the bench/NN-*.sh scripts: sourced, not run.
+# Each script sets `tmp` (a temp dir) before calling start_nginx.
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# wait_for URL: until it answers 2xx, at most 10 s.
+wait_for() {
+    for _ in $(seq 1 200); do
+        curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "not answering: $1" >&2
+    return 1
+}
+
+# wrk's "Requests/sec:" line, as a plain number.
+rps() { awk '/^Requests\/sec:/ {print $2}'; }
+
+# start_nginx ROOT: serves ROOT on a free loopback port in the background;
+# sets nginx_port and nginx_pid. Files under ROOT must be world-readable
+# (nginx's workers drop root's privileges).
+start_nginx() {
+    local root=$1
+    mkdir -p "$tmp/logs" "$tmp/client_body" "$tmp/proxy" "$tmp/fastcgi" "$tmp/uwsgi" "$tmp/scgi"
+    chmod 755 "$tmp" "$root"
+    nginx_port=$(free_port)
+    cat >"$tmp/nginx.conf" <<CONF
+worker_processes auto;
+daemon off;
+pid $tmp/nginx.pid;
+error_log $tmp/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 100000;
+    keepalive_timeout 60s;
+    client_body_temp_path $tmp/client_body;
+    proxy_temp_path $tmp/proxy;
+    fastcgi_temp_path $tmp/fastcgi;
+    uwsgi_temp_path $tmp/uwsgi;
+    scgi_temp_path $tmp/scgi;
+    types { application/json json; }
+    default_type application/json;
+    server {
+        listen 127.0.0.1:$nginx_port;
+        root $root;
+    }
+}
+CONF
+    nginx -p "$tmp" -c "$tmp/nginx.conf" -e "$tmp/logs/error.log" >&2 &
+    nginx_pid=$!
+}
+
+nginx_version() { nginx -v 2>&1 | sed 's|.*/||'; }
+
+# rss_kib PID: resident set size in KiB.
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
