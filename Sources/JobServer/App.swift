@@ -168,8 +168,7 @@ final class App: @unchecked Sendable {
             body = try JSONValue.parse(request.body, maxDepth: max(512, 4 * config.maxDepth + 16))
         } catch let error as JSONParseError {
             if error.isTooDeep {
-                let issue = ValidationIssue(pointer: error.pointer, message: error.message)
-                exchange.send(Self.invalidGraph([issue]))
+                exchange.send(Self.invalidGraph([(pointer: error.pointer, message: error.message)]))
             } else {
                 exchange.send(Self.error(400, "malformed_json", "the request body is not JSON: \(error.description)"))
             }
@@ -179,7 +178,7 @@ final class App: @unchecked Sendable {
         do {
             spec = try JobSpec.parse(body, limits: config.graphLimits)
         } catch let error as ValidationError {
-            exchange.send(Self.invalidGraph(error.issues))
+            exchange.send(Self.invalidGraph(error.issues.map { (pointer: $0.pointer, message: $0.message) }))
             return
         }
         submitQueue.async { [self] in
@@ -318,7 +317,8 @@ final class App: @unchecked Sendable {
     }
 
     private func metrics(_ exchange: Exchange) {
-        let text = PrometheusText.render(engine: engine.metrics, fetcher: fetcher.stats, http: httpRequests.snapshot)
+        let snapshot = MetricsSnapshot(engine: engine.metrics, fetcher: fetcher.stats, http: httpRequests.snapshot)
+        let text = PrometheusText.render(snapshot)
         exchange.send(
             HTTPResponse(
                 status: 200, headers: HTTPHeaders([("Content-Type", PrometheusText.contentType)]),
@@ -338,7 +338,7 @@ final class App: @unchecked Sendable {
     }
 
     /// `422 invalid_graph`: the first issue in `message` and `path`, all of them in `details`.
-    static func invalidGraph(_ issues: [ValidationIssue]) -> HTTPResponse {
+    static func invalidGraph(_ issues: [Presentation.Issue]) -> HTTPResponse {
         guard let first = issues.first else {
             return error(422, "invalid_graph", "the job is not valid")
         }

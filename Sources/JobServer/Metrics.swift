@@ -35,58 +35,92 @@ final class HTTPRequestCounter: @unchecked Sendable {
     }
 }
 
+/// Everything `/metrics` shows, copied out of the engine, the fetcher and the request counter.
+struct MetricsSnapshot {
+    var jobsByState: [NodeState: Int] = [:]
+    var nodesByState: [NodeState: Int] = [:]
+    var activeJobs = 0
+    var pendingFetches = 0
+    var fetchesInFlight = 0
+    /// Finished fetch attempts by outcome (`succeeded` or an error kind).
+    var fetchOutcomes: [String: Int] = [:]
+    /// Upper bounds of the latency buckets; a missing or infinite last bound is `+Inf`.
+    var latencyBucketsMs: [Double] = []
+    /// Attempts per bucket, not cumulative.
+    var latencyCounts: [Int] = []
+    var latencySumMs: Double = 0
+    var latencyCount = 0
+    var httpRequests: [HTTPRequestCounter.Key: Int] = [:]
+
+    init() {}
+
+    init(engine: EngineMetrics, fetcher: FetcherStats, http: [HTTPRequestCounter.Key: Int]) {
+        jobsByState = engine.jobsByState
+        nodesByState = engine.nodesByState
+        activeJobs = engine.activeJobs
+        pendingFetches = engine.pendingFetches
+        fetchesInFlight = engine.fetchesInFlight
+        fetchOutcomes = fetcher.outcomes
+        latencyBucketsMs = fetcher.latencyBucketsMs
+        latencyCounts = fetcher.latencyCounts
+        latencySumMs = fetcher.latencySumMs
+        latencyCount = fetcher.latencyCount
+        httpRequests = http
+    }
+}
+
 /// The Prometheus text exposition format, version 0.0.4.
 enum PrometheusText {
     /// The `Content-Type` of `/metrics`.
     static let contentType = "text/plain; version=0.0.4; charset=utf-8"
 
     /// Everything `/metrics` shows.
-    static func render(engine: EngineMetrics, fetcher: FetcherStats, http: [HTTPRequestCounter.Key: Int]) -> String {
+    static func render(_ m: MetricsSnapshot) -> String {
         var out = ""
         family(&out, "jobserver_jobs", "gauge", "Jobs by state.")
         for state in NodeState.allCases {
-            sample(&out, "jobserver_jobs", [("state", state.rawValue)], Double(engine.jobsByState[state] ?? 0))
+            sample(&out, "jobserver_jobs", [("state", state.rawValue)], Double(m.jobsByState[state] ?? 0))
         }
         family(&out, "jobserver_nodes", "gauge", "Nodes of active (pending or running) jobs by state.")
         for state in NodeState.allCases {
-            sample(&out, "jobserver_nodes", [("state", state.rawValue)], Double(engine.nodesByState[state] ?? 0))
+            sample(&out, "jobserver_nodes", [("state", state.rawValue)], Double(m.nodesByState[state] ?? 0))
         }
         family(&out, "jobserver_jobs_active", "gauge", "Pending and running jobs.")
-        sample(&out, "jobserver_jobs_active", [], Double(engine.activeJobs))
+        sample(&out, "jobserver_jobs_active", [], Double(m.activeJobs))
         family(&out, "jobserver_fetches_in_flight", "gauge", "Transfers in progress.")
-        sample(&out, "jobserver_fetches_in_flight", [], Double(engine.fetchesInFlight))
+        sample(&out, "jobserver_fetches_in_flight", [], Double(m.fetchesInFlight))
         family(&out, "jobserver_fetch_queue_depth", "gauge", "Fetches waiting for a transfer slot.")
-        sample(&out, "jobserver_fetch_queue_depth", [], Double(engine.pendingFetches))
+        sample(&out, "jobserver_fetch_queue_depth", [], Double(m.pendingFetches))
 
         family(&out, "jobserver_fetches_total", "counter", "Finished fetch attempts by outcome.")
-        for outcome in fetcher.outcomes.keys.sorted() {
-            sample(&out, "jobserver_fetches_total", [("outcome", outcome)], Double(fetcher.outcomes[outcome] ?? 0))
+        for outcome in m.fetchOutcomes.keys.sorted() {
+            sample(&out, "jobserver_fetches_total", [("outcome", outcome)], Double(m.fetchOutcomes[outcome] ?? 0))
         }
 
         family(&out, "jobserver_fetch_duration_seconds", "histogram", "Fetch attempt durations.")
         var cumulative = 0
         var wroteInfinity = false
-        for (i, count) in fetcher.latencyCounts.enumerated() {
+        for (i, count) in m.latencyCounts.enumerated() {
             cumulative += count
-            let bound = i < fetcher.latencyBucketsMs.count ? fetcher.latencyBucketsMs[i] : Double.infinity
+            let bound = i < m.latencyBucketsMs.count ? m.latencyBucketsMs[i] : Double.infinity
             if bound.isInfinite {
                 wroteInfinity = true
-                cumulative = max(cumulative, fetcher.latencyCount)
+                cumulative = max(cumulative, m.latencyCount)
             }
             let le = bound.isInfinite ? "+Inf" : number(bound / 1000)
             sample(&out, "jobserver_fetch_duration_seconds_bucket", [("le", le)], Double(cumulative))
             if wroteInfinity { break }
         }
         if !wroteInfinity {
-            sample(&out, "jobserver_fetch_duration_seconds_bucket", [("le", "+Inf")], Double(fetcher.latencyCount))
+            sample(&out, "jobserver_fetch_duration_seconds_bucket", [("le", "+Inf")], Double(m.latencyCount))
         }
-        sample(&out, "jobserver_fetch_duration_seconds_sum", [], fetcher.latencySumMs / 1000)
-        sample(&out, "jobserver_fetch_duration_seconds_count", [], Double(fetcher.latencyCount))
+        sample(&out, "jobserver_fetch_duration_seconds_sum", [], m.latencySumMs / 1000)
+        sample(&out, "jobserver_fetch_duration_seconds_count", [], Double(m.latencyCount))
 
         family(&out, "jobserver_http_requests_total", "counter", "Answered HTTP requests by route, method and status.")
-        for key in http.keys.sorted() {
+        for key in m.httpRequests.keys.sorted() {
             let labels = [("route", key.route), ("method", key.method), ("status", String(key.status))]
-            sample(&out, "jobserver_http_requests_total", labels, Double(http[key] ?? 0))
+            sample(&out, "jobserver_http_requests_total", labels, Double(m.httpRequests[key] ?? 0))
         }
         return out
     }

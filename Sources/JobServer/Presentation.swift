@@ -3,6 +3,9 @@ import JobCore
 
 /// The JSON shapes of API.md: jobs (§1.4), nodes (§2) and API errors (§3), field order as documented.
 enum Presentation {
+    /// One problem of an invalid job: a JSON Pointer into the request body and what is wrong there.
+    typealias Issue = (pointer: String, message: String)
+
     /// A time field: RFC 3339 with milliseconds, or `null`.
     static func time(_ ms: Int64?) -> JSONValue {
         guard let ms else { return .null }
@@ -87,7 +90,7 @@ enum Presentation {
     }
 
     /// `{"error": {"code", "message", "path"?, "details"?}}`.
-    static func error(code: String, message: String, path: String? = nil, details: [ValidationIssue]? = nil) -> JSONValue {
+    static func error(code: String, message: String, path: String? = nil, details: [Issue]? = nil) -> JSONValue {
         var members = [JSONMember("code", .string(code)), JSONMember("message", .string(message))]
         if let path { members.append(JSONMember("path", .string(path))) }
         if let details {
@@ -115,7 +118,7 @@ enum Presentation {
     }
 
     /// `graph.children[2].url: scheme must be http or https`; the message alone for the document itself.
-    static func issueMessage(_ issue: ValidationIssue) -> String {
+    static func issueMessage(_ issue: Issue) -> String {
         let where_ = dottedPath(issue.pointer)
         return where_.isEmpty ? issue.message : "\(where_): \(issue.message)"
     }
