@@ -189,9 +189,7 @@ final class App: @unchecked Sendable {
                     response.headers.set("Location", "/v1/jobs/\(job.id)")
                     exchange.send(response)
                 case .existing(let job):
-                    var response = Self.json(200, Presentation.job(job))
-                    response.headers.set("Location", "/v1/jobs/\(job.id)")
-                    exchange.send(response)
+                    exchange.send(Self.json(200, Presentation.job(job)))
                 case .conflict(let job):
                     exchange.send(
                         Self.error(

@@ -152,6 +152,13 @@ final class AnswerBox: @unchecked Sendable {
         return answers.first
     }
 
+    /// The first answer, without waiting.
+    var first: Answer? {
+        lock.lock()
+        defer { lock.unlock() }
+        return answers.first
+    }
+
     var count: Int {
         lock.lock()
         defer { lock.unlock() }
