@@ -80,11 +80,13 @@ final class App: @unchecked Sendable {
         let logger = logger
         configuration.onResponse = { route, method, status, nanoseconds in
             counter.record(route: route, method: method, status: status)
-            if route == nil {
+            // Answers the router or the protocol layer gave without a handler (404, 405,
+            // 400, 413, 431…); a handler's answers are logged by its `Exchange`.
+            if route == nil || status == 405 {
                 logger.info(
                     "request",
                     [
-                        "method": .string(method), "route": .null, "status": .int(status),
+                        "method": .string(method), "route": route.map(JSONValue.string) ?? .null, "status": .int(status),
                         "duration_ms": .int(Int(nanoseconds / 1_000_000)),
                     ])
             }
@@ -155,7 +157,7 @@ final class App: @unchecked Sendable {
             exchange.send(Self.error(400, "bad_request", "Idempotency-Key must be 1 to 200 characters"))
             return
         }
-        if let problem = Self.mediaTypeProblem(request.headers["Content-Type"], hasBody: !request.body.isEmpty) {
+        if let problem = Self.mediaTypeProblem(request.headers["Content-Type"]) {
             exchange.send(Self.error(415, "unsupported_media_type", problem))
             return
         }
@@ -189,7 +191,9 @@ final class App: @unchecked Sendable {
                     response.headers.set("Location", "/v1/jobs/\(job.id)")
                     exchange.send(response)
                 case .existing(let job):
-                    exchange.send(Self.json(200, Presentation.job(job)))
+                    var response = Self.json(200, Presentation.job(job))
+                    response.headers.set("Location", "/v1/jobs/\(job.id)")
+                    exchange.send(response)
                 case .conflict(let job):
                     exchange.send(
                         Self.error(
@@ -213,7 +217,7 @@ final class App: @unchecked Sendable {
         let page: JobPage
         do {
             page = try engine.list(state: query.state, limit: query.limit, cursor: query.cursor)
-        } catch where query.cursor != nil && Self.isBadCursor(error) {
+        } catch where Self.isBadCursor(error) {
             throw QueryError(message: "cursor is not one this server gave out")
         }
         exchange.send(Self.json(200, Presentation.jobList(page.jobs, nextCursor: page.nextCursor)))
@@ -359,13 +363,11 @@ final class App: @unchecked Sendable {
         return Self.error(500, "internal", "internal error; request id \(exchange.requestID)")
     }
 
-    /// Why a `POST /v1/jobs` body's media type is refused, or `nil` if it is JSON.
-    /// `application/json` with no charset or `charset=utf-8` is JSON; a body without a
-    /// `Content-Type` is refused too, so that a form post is never read as a job.
-    static func mediaTypeProblem(_ contentType: String?, hasBody: Bool) -> String? {
-        guard let contentType else {
-            return hasBody ? "a request body needs Content-Type: application/json" : nil
-        }
+    /// Why a `POST /v1/jobs` body's media type is refused, or `nil` if it is JSON:
+    /// `application/json`, with parameters, and if a charset is given it is UTF-8. A missing
+    /// `Content-Type` is refused too, so that nothing but a deliberate JSON post becomes a job.
+    static func mediaTypeProblem(_ contentType: String?) -> String? {
+        guard let contentType else { return "the request body needs Content-Type: application/json" }
         let parts = contentType.split(separator: ";").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
         guard parts.first == "application/json" else {
             return "the request body must be application/json, not \(contentType)"
@@ -379,10 +381,9 @@ final class App: @unchecked Sendable {
         return nil
     }
 
-    /// The store/engine refuses a cursor it did not give out with an error that says "cursor";
-    /// matched by its text so that either an engine or a store error type fits.
+    /// True for the engine's refusal of a list cursor it did not hand out.
     static func isBadCursor(_ error: Error) -> Bool {
-        String(describing: error).lowercased().contains("cursor")
+        (error as? EngineError)?.isBadCursor == true
     }
 }
 

@@ -80,10 +80,10 @@ final class Exchange: @unchecked Sendable {
     /// Runs `action` when the client goes away before the answer.
     func onClose(_ action: @escaping @Sendable () -> Void) { registerOnClose(action) }
 
-    /// A client's `X-Request-Id` if it is 1–200 characters of `[A-Za-z0-9._:/+=@-]`, else a fresh random id.
+    /// A client's `X-Request-Id` if it is 1–200 visible ASCII characters (`!`…`~`), else a fresh random id.
     static func requestID(from headers: HTTPHeaders) -> String {
         if let given = headers["X-Request-Id"], (1...200).contains(given.utf8.count),
-            given.utf8.allSatisfy(isSafe)
+            given.utf8.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E })
         {
             return given
         }
@@ -91,16 +91,6 @@ final class Exchange: @unchecked Sendable {
         let high = generator.next() as UInt64
         let low = generator.next() as UInt64
         return hex(high) + hex(low)
-    }
-
-    private static func isSafe(_ byte: UInt8) -> Bool {
-        switch byte {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-            UInt8(ascii: "0")...UInt8(ascii: "9"):
-            return true
-        default:
-            return "._:/+=@-".utf8.contains(byte)
-        }
     }
 
     private static func hex(_ value: UInt64) -> String {

@@ -61,10 +61,10 @@ struct MetricsSnapshot {
         pendingFetches = engine.pendingFetches
         fetchesInFlight = engine.fetchesInFlight
         fetchOutcomes = fetcher.outcomes
-        latencyBucketsMs = fetcher.latencyBucketsMs
+        latencyBucketsMs = FetcherStats.latencyBoundsMs.map(Double.init)
         latencyCounts = fetcher.latencyCounts
-        latencySumMs = fetcher.latencySumMs
-        latencyCount = fetcher.latencyCount
+        latencySumMs = Double(fetcher.latencySumMs)
+        latencyCount = fetcher.completed
         httpRequests = http
     }
 }

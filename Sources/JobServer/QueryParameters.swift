@@ -55,7 +55,9 @@ enum QueryParameters {
             out.limit = Int(value)
         }
         if let text = try single("cursor", items) {
-            guard !text.isEmpty else { throw QueryError(message: "cursor must not be empty") }
+            guard (1...200).contains(text.utf8.count) else {
+                throw QueryError(message: "cursor is not one this server gave out")
+            }
             out.cursor = text
         }
         return out

@@ -254,6 +254,8 @@ extension ServerConfig {
         var c = EngineConfiguration()
         c.limits = graphLimits
         c.maxActiveJobs = maxActiveJobs
+        c.maxConcurrentFetches = maxConcurrentFetches
+        c.maxPerHost = maxPerHost
         c.retentionMs = retentionMs
         return c
     }

@@ -64,6 +64,7 @@ final class AppRouteTests: XCTestCase {
         XCTAssertEqual(plain.errorCode, "unsupported_media_type")
         let missing = harness.call(.submitJob, body: fetchJob(upstream.url("/ok")), json: false)
         XCTAssertEqual(missing.status, 415)
+        XCTAssertEqual(harness.call(.submitJob, json: false).status, 415, "no Content-Type and no body")
         let latin1 = harness.call(
             .submitJob, headers: [("Content-Type", "application/json; charset=iso-8859-1")],
             body: fetchJob(upstream.url("/ok")))
@@ -116,6 +117,7 @@ final class AppRouteTests: XCTestCase {
         let again = harness.call(.submitJob, headers: [("Idempotency-Key", "k-1")], body: body)
         XCTAssertEqual(again.status, 200, again.text)
         XCTAssertEqual(again.json?["id"], first.json?["id"])
+        XCTAssertEqual(again.headers["Location"], first.headers["Location"])
         let other = harness.call(.submitJob, headers: [("Idempotency-Key", "k-1")], body: fetchJob(upstream.url("/ok?x")))
         XCTAssertEqual(other.status, 409, other.text)
         XCTAssertEqual(other.errorCode, "conflict")
@@ -381,6 +383,7 @@ final class AppRouteTests: XCTestCase {
         let given = harness.call(.health, headers: [("X-Request-Id", "req-42.a:b")])
         XCTAssertEqual(given.headers["X-Request-Id"], "req-42.a:b")
         let unsafe = harness.call(.health, headers: [("X-Request-Id", "has space")])
+        XCTAssertEqual(harness.call(.health, headers: [("X-Request-Id", "{x}")]).headers["X-Request-Id"], "{x}")
         let generated = try XCTUnwrap(unsafe.headers["X-Request-Id"])
         XCTAssertEqual(generated.count, 32)
         XCTAssertNotEqual(generated, "has space")

@@ -49,6 +49,7 @@ final class QueryParametersTests: XCTestCase {
             XCTAssertThrowsError(try QueryParameters.jobList(items([("state", bad)])), "state=\(bad)")
         }
         XCTAssertThrowsError(try QueryParameters.jobList(items([("cursor", "")])))
+        XCTAssertThrowsError(try QueryParameters.jobList(items([("cursor", String(repeating: "c", count: 201))])))
     }
 
     func testIncludeOnlyKnowsResult() throws {
