@@ -379,6 +379,23 @@ final class AppRouteTests: XCTestCase {
         XCTAssertEqual(spec.text, openAPISpec)
     }
 
+    func testResponsesWithoutAHandlerAreCountedAndLogged() throws {
+        let configuration = harness.app.makeServerConfiguration()
+        XCTAssertEqual(configuration.host, "127.0.0.1")
+        XCTAssertEqual(configuration.maxRequestBodyBytes, harness.config.maxRequestBytes)
+        let hook = try XCTUnwrap(configuration.onResponse)
+        hook(nil, "GET", 404, 2_000_000)
+        hook("/v1/jobs", "PUT", 405, 1_000_000)
+        hook("/v1/jobs/{id}", "GET", 200, 1_000_000)
+        let counts = harness.app.httpRequests.snapshot
+        XCTAssertEqual(counts[.init(route: "unmatched", method: "GET", status: 404)], 1)
+        XCTAssertEqual(counts[.init(route: "/v1/jobs", method: "PUT", status: 405)], 1)
+        XCTAssertEqual(counts[.init(route: "/v1/jobs/{id}", method: "GET", status: 200)], 1)
+        let lines = harness.logs.all.filter { $0["msg"] == "request" && $0["request_id"] == nil }
+        XCTAssertEqual(lines.map { $0["status"]?.intValue ?? 0 }, [404, 405], "a handler's answers are logged by its exchange")
+        XCTAssertEqual(lines.first?["duration_ms"], 2)
+    }
+
     func testRequestIdIsEchoedOrGeneratedAndEveryRequestLogged() throws {
         let given = harness.call(.health, headers: [("X-Request-Id", "req-42.a:b")])
         XCTAssertEqual(given.headers["X-Request-Id"], "req-42.a:b")
