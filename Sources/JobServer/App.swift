@@ -27,20 +27,30 @@ enum Route: CaseIterable {
         case .openAPI: return "/openapi.yaml"
         }
     }
+
+    /// Whether answering may wait for the store's writer (a durable commit or a flush),
+    /// which must not happen on an event-loop thread.
+    var waitsForDisk: Bool {
+        switch self {
+        case .submitJob, .cancelJob, .deleteJob, .listJobs, .getNodeBody: return true
+        case .getJob, .listNodes, .getNode, .health, .metrics, .openAPI: return false
+        }
+    }
 }
 
 /// The jobserver HTTP API over an `Engine`: routes, JSON in and out, errors of API.md §3.
 ///
-/// Handlers run on event-loop threads and never block there: reads go to the engine
-/// directly (fast, no fsync), a submission waits for its durable commit on `submitQueue`,
-/// and a long-poll holds no thread at all.
+/// Handlers run on event-loop threads and never block there: plain reads go to the engine
+/// directly (fast, no fsync); routes that write or wait for the store's writer (submit,
+/// cancel, delete, list and body, which flush) run on `diskQueue`; a long-poll holds no
+/// thread at all.
 final class App: @unchecked Sendable {
     private let engine: Engine
     private let fetcher: Fetcher
     private let config: ServerConfig
     private let logger: Logger
     private let auth: BearerAuth?
-    private let submitQueue = DispatchQueue(label: "jobserver.submit", attributes: .concurrent)
+    private let diskQueue = DispatchQueue(label: "jobserver.disk", attributes: .concurrent)
     private let shutdownLock = NSLock()
     private var shuttingDown = false
 
@@ -117,6 +127,14 @@ final class App: @unchecked Sendable {
             exchange.send(response)
             return
         }
+        if route.waitsForDisk {
+            diskQueue.async { [self] in answer(route, request, exchange) }
+        } else {
+            answer(route, request, exchange)
+        }
+    }
+
+    private func answer(_ route: Route, _ request: APIRequest, _ exchange: Exchange) {
         do {
             switch route {
             case .submitJob: try submitJob(request, exchange)
@@ -183,32 +201,24 @@ final class App: @unchecked Sendable {
             exchange.send(Self.invalidGraph(error.issues.map { (pointer: $0.pointer, message: $0.message) }))
             return
         }
-        submitQueue.async { [self] in
-            do {
-                switch try engine.submit(spec, request: body, idempotencyKey: key) {
-                case .created(let job):
-                    var response = Self.json(201, Presentation.job(job))
-                    response.headers.set("Location", "/v1/jobs/\(job.id)")
-                    exchange.send(response)
-                case .existing(let job):
-                    var response = Self.json(200, Presentation.job(job))
-                    response.headers.set("Location", "/v1/jobs/\(job.id)")
-                    exchange.send(response)
-                case .conflict(let job):
-                    exchange.send(
-                        Self.error(
-                            409, "conflict",
-                            "Idempotency-Key was already used for job \(job.id) with a different request body"))
-                case .queueFull:
-                    var response = Self.error(429, "too_many_jobs", "too many pending and running jobs; retry later")
-                    response.headers.set("Retry-After", "1")
-                    exchange.send(response)
-                case .shuttingDown:
-                    exchange.send(Self.error(503, "shutting_down", "the server is shutting down; submit again later"))
-                }
-            } catch {
-                exchange.send(internalError(error, exchange))
-            }
+        switch try engine.submit(spec, request: body, idempotencyKey: key) {
+        case .created(let job):
+            var response = Self.json(201, Presentation.job(job))
+            response.headers.set("Location", "/v1/jobs/\(job.id)")
+            exchange.send(response)
+        case .existing(let job):
+            var response = Self.json(200, Presentation.job(job))
+            response.headers.set("Location", "/v1/jobs/\(job.id)")
+            exchange.send(response)
+        case .conflict(let job):
+            exchange.send(
+                Self.error(409, "conflict", "Idempotency-Key was already used for job \(job.id) with a different request body"))
+        case .queueFull:
+            var response = Self.error(429, "too_many_jobs", "too many pending and running jobs; retry later")
+            response.headers.set("Retry-After", "1")
+            exchange.send(response)
+        case .shuttingDown:
+            exchange.send(Self.error(503, "shutting_down", "the server is shutting down; submit again later"))
         }
     }
 
