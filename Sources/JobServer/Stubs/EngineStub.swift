@@ -97,7 +97,7 @@ public final class Engine: @unchecked Sendable {
         var start = order.count - 1
         if let cursor {
             guard cursor.hasPrefix("c"), let n = Int(cursor.dropFirst()), n >= 0, n < order.count else {
-                throw EngineError.badCursor("store bad_cursor: invalid cursor")
+                throw StoreError(message: "invalid cursor")
             }
             start = n
         }
@@ -231,11 +231,9 @@ public final class Engine: @unchecked Sendable {
                 for node in nodes[job.id] ?? [] { nodesByState[node.state, default: 0] += 1 }
             }
         }
-        var m = EngineMetrics()
-        m.jobsByState = jobsByState
-        m.nodesByState = nodesByState
-        m.activeJobs = jobs.values.filter { !$0.state.isSettled }.count
-        return m
+        return EngineMetrics(
+            jobsByState: jobsByState, nodesByState: nodesByState,
+            activeJobs: jobs.values.filter { !$0.state.isSettled }.count, pendingFetches: 0, fetchesInFlight: 0)
     }
 
     private func removeWaiter(_ waiter: Waiter) {

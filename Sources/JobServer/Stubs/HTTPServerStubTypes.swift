@@ -3,34 +3,34 @@ import Foundation
 
 /// Stand-in: HTTP header fields in order, names compared case-insensitively.
 public struct HTTPHeaders: Sequence {
-    private var fields: [(String, String)] = []
+    private var fields: [(name: String, value: String)] = []
 
     public init() {}
 
     public init(_ pairs: [(String, String)]) {
-        fields = pairs
+        fields = pairs.map { (name: $0.0, value: $0.1) }
     }
 
     public subscript(name: String) -> String? {
-        fields.first { $0.0.lowercased() == name.lowercased() }?.1
+        fields.first { $0.name.lowercased() == name.lowercased() }?.value
     }
 
     public func values(_ name: String) -> [String] {
-        fields.filter { $0.0.lowercased() == name.lowercased() }.map(\.1)
+        fields.filter { $0.name.lowercased() == name.lowercased() }.map(\.value)
     }
 
-    public mutating func add(_ name: String, _ value: String) { fields.append((name, value)) }
+    public mutating func add(_ name: String, _ value: String) { fields.append((name: name, value: value)) }
 
     public mutating func set(_ name: String, _ value: String) {
         remove(name)
         add(name, value)
     }
 
-    public mutating func remove(_ name: String) { fields.removeAll { $0.0.lowercased() == name.lowercased() } }
+    public mutating func remove(_ name: String) { fields.removeAll { $0.name.lowercased() == name.lowercased() } }
 
     public func contains(_ name: String) -> Bool { self[name] != nil }
 
-    public func makeIterator() -> IndexingIterator<[(String, String)]> { fields.makeIterator() }
+    public func makeIterator() -> IndexingIterator<[(name: String, value: String)]> { fields.makeIterator() }
 }
 
 /// Stand-in: the HTTP version of a request.

@@ -109,16 +109,14 @@ public struct FetcherConfiguration {
     public init() {}
 }
 
-/// Stand-in: fetch statistics (the shape of the fetcher branch's `FetcherStats`).
-public struct FetcherStats: Sendable, Equatable {
-    public static let latencyBoundsMs = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000]
+/// Stand-in: fetch statistics.
+public struct FetcherStats {
     public var outcomes: [String: Int] = [:]
-    public var latencyCounts = [Int](repeating: 0, count: FetcherStats.latencyBoundsMs.count + 1)
-    public var latencySumMs = 0
-    public var attempts = 0
-    public var inFlight = 0
+    public var latencyBucketsMs: [Double] = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000]
+    public var latencyCounts: [Int] = Array(repeating: 0, count: 12)
+    public var latencySumMs: Double = 0
+    public var latencyCount: Int = 0
     public init() {}
-    public var completed: Int { latencyCounts.reduce(0, +) }
 }
 
 /// Stand-in: the libcurl fetcher (does nothing here).
@@ -153,10 +151,7 @@ public protocol Cancellable: AnyObject {
 public struct EngineConfiguration {
     public var limits = GraphLimits()
     public var maxActiveJobs = 10_000
-    public var maxConcurrentFetches = 256
-    public var maxPerHost = 16
     public var retentionMs: Int64 = 7 * 86_400_000
-    public var sweepIntervalMs = 60_000
     public init() {}
 }
 
@@ -177,27 +172,11 @@ public enum DeleteOutcome {
 
 /// Stand-in: engine gauges.
 public struct EngineMetrics {
-    public var jobsByState: [NodeState: Int] = [:]
-    public var nodesByState: [NodeState: Int] = [:]
-    public var activeJobs = 0
-    public var pendingFetches = 0
-    public var fetchesInFlight = 0
-    public init() {}
-}
-
-/// Stand-in: why the engine refused a request (the engine branch's shape).
-public struct EngineError: Error, Equatable, CustomStringConvertible, Sendable {
-    private enum Code: Equatable, Sendable { case badCursor, storage }
-    private let code: Code
-    public let message: String
-    private init(_ code: Code, _ message: String) {
-        self.code = code
-        self.message = message
-    }
-    public static func badCursor(_ message: String) -> EngineError { EngineError(.badCursor, message) }
-    public static func storage(_ message: String) -> EngineError { EngineError(.storage, message) }
-    public var isBadCursor: Bool { code == .badCursor }
-    public var description: String { message }
+    public var jobsByState: [NodeState: Int]
+    public var nodesByState: [NodeState: Int]
+    public var activeJobs: Int
+    public var pendingFetches: Int
+    public var fetchesInFlight: Int
 }
 
 /// Stand-in: one page of jobs.
