@@ -30,6 +30,6 @@ let package = Package(
         .target(name: "TestSupport", dependencies: ["JobCore"], path: "Tests/TestSupport"),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
         .testTarget(name: "JobCoreTests", dependencies: ["JobCore", "TestSupport"]),
-        .testTarget(name: "JobServerTests", dependencies: ["JobCore", "TestSupport"]),
+        .testTarget(name: "JobServerTests", dependencies: ["JobServer", "HTTPServer", "JobCore", "TestSupport"]),
     ]
 )

@@ -1,4 +1,51 @@
+import Dispatch
+import Foundation
 import JobCore
-import HTTPServer
 
-print("jobserver: not yet serving")
+#if canImport(Glibc)
+import Glibc
+#endif
+
+let command: Command
+do {
+    command = try CommandLineParser.parse(
+        Array(CommandLine.arguments.dropFirst()), environment: ProcessInfo.processInfo.environment)
+} catch {
+    FileHandle.standardError.write(Data("jobserver: \(error)\n".utf8))
+    exit(2)
+}
+
+guard case .serve(let config) = command else {
+    print(CommandLineParser.usage, terminator: "")
+    exit(0)
+}
+
+let logger = Logger(label: "jobserver", minimumLevel: config.logLevel)
+let service: Service
+do {
+    service = try Service(config: config, logger: logger)
+    _ = try service.start()
+} catch {
+    logger.error("startup failed", ["error": .string("\(error)")])
+    exit(1)
+}
+
+// The default actions would kill the process mid-write; a dispatch source turns the
+// signals into an orderly shutdown instead. The queue is serial and the handler ends
+// in exit(0), so a second signal never starts a second shutdown.
+signal(SIGTERM, SIG_IGN)
+signal(SIGINT, SIG_IGN)
+let signalQueue = DispatchQueue(label: "jobserver.signals")
+var signalSources: [DispatchSourceSignal] = []
+for (number, name) in [(SIGTERM, "SIGTERM"), (SIGINT, "SIGINT")] {
+    let source = DispatchSource.makeSignalSource(signal: number, queue: signalQueue)
+    source.setEventHandler {
+        logger.info("shutting down", ["signal": .string(name), "grace_ms": .int(config.shutdownGraceMs)])
+        service.shutdown()
+        exit(0)
+    }
+    source.resume()
+    signalSources.append(source)
+}
+
+dispatchMain()

@@ -1,0 +1,405 @@
+import Foundation
+import HTTPServer
+import JobCore
+
+/// The routes of API.md §2.
+enum Route: CaseIterable {
+    case submitJob, listJobs, getJob, deleteJob, cancelJob, listNodes, getNode, getNodeBody, health, metrics, openAPI
+
+    var method: String {
+        switch self {
+        case .submitJob, .cancelJob: return "POST"
+        case .deleteJob: return "DELETE"
+        default: return "GET"
+        }
+    }
+
+    var pattern: String {
+        switch self {
+        case .submitJob, .listJobs: return "/v1/jobs"
+        case .getJob, .deleteJob: return "/v1/jobs/{id}"
+        case .cancelJob: return "/v1/jobs/{id}/cancel"
+        case .listNodes: return "/v1/jobs/{id}/nodes"
+        case .getNode: return "/v1/jobs/{id}/nodes/{node}"
+        case .getNodeBody: return "/v1/jobs/{id}/nodes/{node}/body"
+        case .health: return "/healthz"
+        case .metrics: return "/metrics"
+        case .openAPI: return "/openapi.yaml"
+        }
+    }
+
+    /// Whether answering may wait for the store's writer (a durable commit or a flush),
+    /// which must not happen on an event-loop thread.
+    var waitsForDisk: Bool {
+        switch self {
+        case .submitJob, .cancelJob, .deleteJob, .listJobs, .getNodeBody: return true
+        case .getJob, .listNodes, .getNode, .health, .metrics, .openAPI: return false
+        }
+    }
+}
+
+/// The jobserver HTTP API over an `Engine`: routes, JSON in and out, errors of API.md §3.
+///
+/// Handlers run on event-loop threads and never block there: plain reads go to the engine
+/// directly (fast, no fsync); routes that write or wait for the store's writer (submit,
+/// cancel, delete, list and body, which flush) run on `diskQueue`; a long-poll holds no
+/// thread at all.
+final class App: @unchecked Sendable {
+    private let engine: Engine
+    private let fetcher: Fetcher
+    private let config: ServerConfig
+    private let logger: Logger
+    private let auth: BearerAuth?
+    private let diskQueue = DispatchQueue(label: "jobserver.disk", attributes: .concurrent)
+    private let shutdownLock = NSLock()
+    private var shuttingDown = false
+
+    /// `jobserver_http_requests_total`, fed by `makeServerConfiguration()`'s `onResponse`.
+    let httpRequests = HTTPRequestCounter()
+
+    init(engine: Engine, fetcher: Fetcher, config: ServerConfig, logger: Logger) {
+        self.engine = engine
+        self.fetcher = fetcher
+        self.config = config
+        self.logger = logger
+        self.auth = config.token.map(BearerAuth.init(token:))
+    }
+
+    // MARK: Wiring
+
+    /// A router with every route of API.md §2.
+    func makeRouter() -> Router {
+        let router = Router()
+        for route in Route.allCases {
+            router.add(route.method, route.pattern) { [self] httpRequest, responder in
+                let request = APIRequest(httpRequest)
+                let exchange = Exchange(
+                    request: request, logger: logger, deliver: { responder.send($0) },
+                    registerOnClose: { responder.onClose = $0 })
+                handle(route, request, exchange)
+            }
+        }
+        return router
+    }
+
+    /// The server settings of `config`, with the hook that counts (and, for requests that
+    /// reached no route, logs) every response.
+    func makeServerConfiguration() -> HTTPServerConfiguration {
+        var configuration = config.httpConfiguration
+        let counter = httpRequests
+        let logger = logger
+        configuration.onResponse = { route, method, status, nanoseconds in
+            counter.record(route: route, method: method, status: status)
+            // Answers the router or the protocol layer gave without a handler (404, 405,
+            // 400, 413, 431…); a handler's answers are logged by its `Exchange`.
+            if route == nil || status == 405 {
+                logger.info(
+                    "request",
+                    [
+                        "method": .string(method), "route": route.map(JSONValue.string) ?? .null, "status": .int(status),
+                        "duration_ms": .int(Int(nanoseconds / 1_000_000)),
+                    ])
+            }
+        }
+        return configuration
+    }
+
+    /// From now on `/healthz` answers 503 and no job is accepted.
+    func beginShutdown() {
+        shutdownLock.lock()
+        shuttingDown = true
+        shutdownLock.unlock()
+    }
+
+    var isShuttingDown: Bool {
+        shutdownLock.lock()
+        defer { shutdownLock.unlock() }
+        return shuttingDown
+    }
+
+    // MARK: Routes
+
+    /// Answers one request on `route`; every path through here sends exactly one response.
+    func handle(_ route: Route, _ request: APIRequest, _ exchange: Exchange) {
+        if route != .health, let auth, !auth.allows(request.headers["Authorization"]) {
+            var response = Self.error(401, "unauthorized", "this server needs Authorization: Bearer <token>")
+            response.headers.set("WWW-Authenticate", "Bearer")
+            exchange.send(response)
+            return
+        }
+        if route.waitsForDisk {
+            diskQueue.async { [self] in answer(route, request, exchange) }
+        } else {
+            answer(route, request, exchange)
+        }
+    }
+
+    private func answer(_ route: Route, _ request: APIRequest, _ exchange: Exchange) {
+        do {
+            switch route {
+            case .submitJob: try submitJob(request, exchange)
+            case .listJobs: try listJobs(request, exchange)
+            case .getJob: try getJob(request, exchange)
+            case .deleteJob: try deleteJob(request, exchange)
+            case .cancelJob: try cancelJob(request, exchange)
+            case .listNodes: try listNodes(request, exchange)
+            case .getNode: try getNode(request, exchange)
+            case .getNodeBody: try getNodeBody(request, exchange)
+            case .health: health(exchange)
+            case .metrics: metrics(exchange)
+            case .openAPI:
+                exchange.send(
+                    HTTPResponse(
+                        status: 200, headers: HTTPHeaders([("Content-Type", "application/yaml")]),
+                        body: Array(openAPISpec.utf8)))
+            }
+        } catch let error as QueryError {
+            exchange.send(Self.error(400, "bad_request", error.message))
+        } catch {
+            exchange.send(internalError(error, exchange))
+        }
+    }
+
+    private func submitJob(_ request: APIRequest, _ exchange: Exchange) throws {
+        if isShuttingDown {
+            exchange.send(Self.error(503, "shutting_down", "the server is shutting down; submit again later"))
+            return
+        }
+        let keys = request.headers.values("Idempotency-Key")
+        guard keys.count <= 1 else {
+            exchange.send(Self.error(400, "bad_request", "Idempotency-Key is given more than once"))
+            return
+        }
+        let key = keys.first
+        if let key, !(1...200).contains(key.count) {
+            exchange.send(Self.error(400, "bad_request", "Idempotency-Key must be 1 to 200 characters"))
+            return
+        }
+        if let problem = Self.mediaTypeProblem(request.headers["Content-Type"]) {
+            exchange.send(Self.error(415, "unsupported_media_type", problem))
+            return
+        }
+        guard !request.body.isEmpty else {
+            exchange.send(Self.error(400, "malformed_json", "the request body is empty; expected a JSON job"))
+            return
+        }
+        let body: JSONValue
+        do {
+            body = try JSONValue.parse(request.body, maxDepth: max(512, 4 * config.maxDepth + 16))
+        } catch let error as JSONParseError {
+            if error.isTooDeep {
+                exchange.send(Self.invalidGraph([(pointer: error.pointer, message: error.message)]))
+            } else {
+                exchange.send(Self.error(400, "malformed_json", "the request body is not JSON: \(error.description)"))
+            }
+            return
+        }
+        let spec: JobSpec
+        do {
+            spec = try JobSpec.parse(body, limits: config.graphLimits)
+        } catch let error as ValidationError {
+            exchange.send(Self.invalidGraph(error.issues.map { (pointer: $0.pointer, message: $0.message) }))
+            return
+        }
+        switch try engine.submit(spec, request: body, idempotencyKey: key) {
+        case .created(let job):
+            var response = Self.json(201, Presentation.job(job))
+            response.headers.set("Location", "/v1/jobs/\(job.id)")
+            exchange.send(response)
+        case .existing(let job):
+            var response = Self.json(200, Presentation.job(job))
+            response.headers.set("Location", "/v1/jobs/\(job.id)")
+            exchange.send(response)
+        case .conflict(let job):
+            exchange.send(
+                Self.error(409, "conflict", "Idempotency-Key was already used for job \(job.id) with a different request body"))
+        case .queueFull:
+            var response = Self.error(429, "too_many_jobs", "too many pending and running jobs; retry later")
+            response.headers.set("Retry-After", "1")
+            exchange.send(response)
+        case .shuttingDown:
+            exchange.send(Self.error(503, "shutting_down", "the server is shutting down; submit again later"))
+        }
+    }
+
+    private func listJobs(_ request: APIRequest, _ exchange: Exchange) throws {
+        let query = try QueryParameters.jobList(request.queryItems)
+        let page: JobPage
+        do {
+            page = try engine.list(state: query.state, limit: query.limit, cursor: query.cursor)
+        } catch where Self.isBadCursor(error) {
+            throw QueryError(message: "cursor is not one this server gave out")
+        }
+        exchange.send(Self.json(200, Presentation.jobList(page.jobs, nextCursor: page.nextCursor)))
+    }
+
+    private func getJob(_ request: APIRequest, _ exchange: Exchange) throws {
+        let query = try QueryParameters.jobWait(request.queryItems)
+        let id = request.pathParameters["id"] ?? ""
+        guard let wait = query.waitSeconds, wait > 0, !isShuttingDown else {
+            guard let job = try engine.job(id: id) else {
+                exchange.send(Self.jobNotFound(id))
+                return
+            }
+            exchange.send(Self.json(200, Presentation.job(job)))
+            return
+        }
+        let token = engine.waitForChange(id: id, afterVersion: query.sinceVersion, timeoutMs: wait * 1000) { job in
+            guard let job else {
+                exchange.send(Self.jobNotFound(id))
+                return
+            }
+            exchange.send(Self.json(200, Presentation.job(job)))
+        }
+        if let token {
+            let box = CancellableBox(token)
+            exchange.onClose { box.cancel() }
+        }
+    }
+
+    private func deleteJob(_ request: APIRequest, _ exchange: Exchange) throws {
+        let id = request.pathParameters["id"] ?? ""
+        switch try engine.delete(id: id) {
+        case .deleted:
+            exchange.send(HTTPResponse(status: 204))
+        case .active(let job):
+            exchange.send(Self.error(409, "conflict", "job \(id) is \(job.state.rawValue); cancel it before deleting it"))
+        case .notFound:
+            exchange.send(Self.jobNotFound(id))
+        }
+    }
+
+    private func cancelJob(_ request: APIRequest, _ exchange: Exchange) throws {
+        let id = request.pathParameters["id"] ?? ""
+        switch try engine.cancel(id: id) {
+        case .cancelling(let job):
+            exchange.send(Self.json(202, Presentation.job(job)))
+        case .alreadyCancelled(let job):
+            exchange.send(Self.json(200, Presentation.job(job)))
+        case .alreadySettled(let job):
+            exchange.send(Self.error(409, "conflict", "job \(id) has already \(job.state.rawValue)"))
+        case .notFound:
+            exchange.send(Self.jobNotFound(id))
+        }
+    }
+
+    private func listNodes(_ request: APIRequest, _ exchange: Exchange) throws {
+        let includeResult = try QueryParameters.includeResult(request.queryItems)
+        let id = request.pathParameters["id"] ?? ""
+        guard let nodes = try engine.nodes(jobID: id, includeResults: includeResult) else {
+            exchange.send(Self.jobNotFound(id))
+            return
+        }
+        exchange.send(Self.json(200, Presentation.nodeList(nodes, includeResult: includeResult)))
+    }
+
+    private func getNode(_ request: APIRequest, _ exchange: Exchange) throws {
+        let id = request.pathParameters["id"] ?? ""
+        let nodeID = request.pathParameters["node"] ?? ""
+        guard let node = try engine.node(jobID: id, nodeID: nodeID) else {
+            exchange.send(try nodeNotFound(id, nodeID))
+            return
+        }
+        exchange.send(Self.json(200, Presentation.node(node, includeResult: true)))
+    }
+
+    private func getNodeBody(_ request: APIRequest, _ exchange: Exchange) throws {
+        let id = request.pathParameters["id"] ?? ""
+        let nodeID = request.pathParameters["node"] ?? ""
+        guard let body = try engine.body(jobID: id, nodeID: nodeID) else {
+            if try engine.node(jobID: id, nodeID: nodeID) != nil {
+                exchange.send(Self.error(404, "not_found", "node \(nodeID) of job \(id) has no stored response body"))
+            } else {
+                exchange.send(try nodeNotFound(id, nodeID))
+            }
+            return
+        }
+        let headers = HTTPHeaders([
+            ("Content-Type", body.contentType ?? "application/octet-stream"), ("X-Content-Type-Options", "nosniff"),
+        ])
+        exchange.send(HTTPResponse(status: 200, headers: headers, body: body.bytes))
+    }
+
+    private func health(_ exchange: Exchange) {
+        if isShuttingDown {
+            exchange.send(Self.json(503, .object([JSONMember("status", "shutting_down")])))
+        } else {
+            exchange.send(Self.json(200, .object([JSONMember("status", "ok")])))
+        }
+    }
+
+    private func metrics(_ exchange: Exchange) {
+        let snapshot = MetricsSnapshot(engine: engine.metrics, fetcher: fetcher.stats, http: httpRequests.snapshot)
+        let text = PrometheusText.render(snapshot)
+        exchange.send(
+            HTTPResponse(
+                status: 200, headers: HTTPHeaders([("Content-Type", PrometheusText.contentType)]),
+                body: Array(text.utf8)))
+    }
+
+    // MARK: Answers
+
+    /// A JSON response.
+    static func json(_ status: Int, _ value: JSONValue) -> HTTPResponse {
+        HTTPResponse(status: status, headers: HTTPHeaders([("Content-Type", "application/json")]), body: value.bytes)
+    }
+
+    /// An API error of §3.
+    static func error(_ status: Int, _ code: String, _ message: String) -> HTTPResponse {
+        json(status, Presentation.error(code: code, message: message))
+    }
+
+    /// `422 invalid_graph`: the first issue in `message` and `path`, all of them in `details`.
+    static func invalidGraph(_ issues: [Presentation.Issue]) -> HTTPResponse {
+        guard let first = issues.first else {
+            return error(422, "invalid_graph", "the job is not valid")
+        }
+        let body = Presentation.error(
+            code: "invalid_graph", message: Presentation.issueMessage(first), path: first.pointer, details: issues)
+        return json(422, body)
+    }
+
+    private static func jobNotFound(_ id: String) -> HTTPResponse {
+        error(404, "not_found", "no job with id \(id)")
+    }
+
+    private func nodeNotFound(_ id: String, _ nodeID: String) throws -> HTTPResponse {
+        guard try engine.job(id: id) != nil else { return Self.jobNotFound(id) }
+        return Self.error(404, "not_found", "job \(id) has no node \(nodeID)")
+    }
+
+    private func internalError(_ error: Error, _ exchange: Exchange) -> HTTPResponse {
+        logger.error("request failed", ["request_id": .string(exchange.requestID), "error": .string("\(error)")])
+        return Self.error(500, "internal", "internal error; request id \(exchange.requestID)")
+    }
+
+    /// Why a `POST /v1/jobs` body's media type is refused, or `nil` if it is JSON:
+    /// `application/json`, with parameters, and if a charset is given it is UTF-8. A missing
+    /// `Content-Type` is refused too, so that nothing but a deliberate JSON post becomes a job.
+    static func mediaTypeProblem(_ contentType: String?) -> String? {
+        guard let contentType else { return "the request body needs Content-Type: application/json" }
+        let parts = contentType.split(separator: ";").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+        guard parts.first == "application/json" else {
+            return "the request body must be application/json, not \(contentType)"
+        }
+        for parameter in parts.dropFirst() where parameter.hasPrefix("charset=") {
+            let charset = parameter.dropFirst("charset=".count).trimmingCharacters(in: CharacterSet(charactersIn: "\""))
+            guard charset == "utf-8" || charset == "utf8" else {
+                return "the request body must be UTF-8 JSON, not charset \(charset)"
+            }
+        }
+        return nil
+    }
+
+    /// True for the engine's refusal of a list cursor it did not hand out.
+    static func isBadCursor(_ error: Error) -> Bool {
+        (error as? EngineError)?.isBadCursor == true
+    }
+}
+
+/// Lets a non-`Sendable` wait token be cancelled from the connection's close callback.
+private final class CancellableBox: @unchecked Sendable {
+    private let token: Cancellable
+    init(_ token: Cancellable) { self.token = token }
+    func cancel() { token.cancel() }
+}

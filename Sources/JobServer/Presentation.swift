@@ -1,0 +1,125 @@
+import Foundation
+import JobCore
+
+/// The JSON shapes of API.md: jobs (§1.4), nodes (§2) and API errors (§3), field order as documented.
+enum Presentation {
+    /// One problem of an invalid job: a JSON Pointer into the request body and what is wrong there.
+    typealias Issue = (pointer: String, message: String)
+
+    /// A time field: RFC 3339 with milliseconds, or `null`.
+    static func time(_ ms: Int64?) -> JSONValue {
+        guard let ms else { return .null }
+        return .string(Timestamp.format(ms))
+    }
+
+    /// `percent` with exactly one decimal, as a JSON number (`33.3`, `100.0`, `0.0`).
+    static func percent(_ progress: JobCore.Progress) -> JSONValue {
+        var tenths = 0
+        if progress.total > 0 {
+            let exact = Double(progress.done) * 1000 / Double(progress.total)
+            tenths = Int(exact.rounded())
+        }
+        return .number("\(tenths / 10).\(tenths % 10)")
+    }
+
+    /// The progress object of §1.4.
+    static func progress(_ p: JobCore.Progress) -> JSONValue {
+        .object([
+            JSONMember("total", .int(p.total)),
+            JSONMember("pending", .int(p.pending)),
+            JSONMember("running", .int(p.running)),
+            JSONMember("succeeded", .int(p.succeeded)),
+            JSONMember("failed", .int(p.failed)),
+            JSONMember("cancelled", .int(p.cancelled)),
+            JSONMember("skipped", .int(p.skipped)),
+            JSONMember("done", .int(p.done)),
+            JSONMember("percent", percent(p)),
+        ])
+    }
+
+    /// The job object of §1.4; the list route leaves `result` out.
+    static func job(_ job: JobRecord, includeResult: Bool = true) -> JSONValue {
+        var members = [
+            JSONMember("id", .string(job.id)),
+            JSONMember("name", job.name.map(JSONValue.string) ?? .null),
+            JSONMember("state", .string(job.state.rawValue)),
+            JSONMember("created_at", time(job.createdAt)),
+            JSONMember("started_at", time(job.startedAt)),
+            JSONMember("finished_at", time(job.finishedAt)),
+            JSONMember("progress", progress(job.progress)),
+        ]
+        if includeResult { members.append(JSONMember("result", job.result ?? .null)) }
+        members += [
+            JSONMember("error", job.error?.json ?? .null),
+            JSONMember("metadata", job.metadata ?? .null),
+            JSONMember("version", .int(job.version)),
+        ]
+        return .object(members)
+    }
+
+    /// One node of `GET /v1/jobs/{id}/nodes`; `result` only when asked for.
+    static func node(_ node: NodeRecord, includeResult: Bool) -> JSONValue {
+        var members = [
+            JSONMember("id", .string(node.id)),
+            JSONMember("parent", node.parent.map(JSONValue.string) ?? .null),
+            JSONMember("type", .string(node.type)),
+            JSONMember("state", .string(node.state.rawValue)),
+            JSONMember("attempts", .int(node.attempts)),
+            JSONMember("started_at", time(node.startedAt)),
+            JSONMember("finished_at", time(node.finishedAt)),
+            JSONMember("elapsed_ms", node.elapsedMs.map { .int($0) } ?? .null),
+            JSONMember("status", node.status.map { .int($0) } ?? .null),
+            JSONMember("error", node.error?.json ?? .null),
+            JSONMember("recovered", .bool(node.recovered)),
+        ]
+        if includeResult { members.append(JSONMember("result", node.result ?? .null)) }
+        return .object(members)
+    }
+
+    /// `{"jobs": […], "next_cursor": …}`.
+    static func jobList(_ jobs: [JobRecord], nextCursor: String?) -> JSONValue {
+        .object([
+            JSONMember("jobs", .array(jobs.map { job($0, includeResult: false) })),
+            JSONMember("next_cursor", nextCursor.map(JSONValue.string) ?? .null),
+        ])
+    }
+
+    /// `{"nodes": […]}`.
+    static func nodeList(_ nodes: [NodeRecord], includeResult: Bool) -> JSONValue {
+        .object([JSONMember("nodes", .array(nodes.map { node($0, includeResult: includeResult) }))])
+    }
+
+    /// `{"error": {"code", "message", "path"?, "details"?}}`.
+    static func error(code: String, message: String, path: String? = nil, details: [Issue]? = nil) -> JSONValue {
+        var members = [JSONMember("code", .string(code)), JSONMember("message", .string(message))]
+        if let path { members.append(JSONMember("path", .string(path))) }
+        if let details {
+            let list = details.map {
+                JSONValue.object([JSONMember("path", .string($0.pointer)), JSONMember("message", .string($0.message))])
+            }
+            members.append(JSONMember("details", .array(list)))
+        }
+        return .object([JSONMember("error", .object(members))])
+    }
+
+    /// A JSON Pointer in the dotted form API.md's messages use: `/graph/children/2/url` → `graph.children[2].url`.
+    static func dottedPath(_ pointer: String) -> String {
+        guard !pointer.isEmpty else { return "" }
+        var out = ""
+        for raw in pointer.split(separator: "/", omittingEmptySubsequences: false).dropFirst() {
+            let token = raw.replacingOccurrences(of: "~1", with: "/").replacingOccurrences(of: "~0", with: "~")
+            if !token.isEmpty, token.allSatisfy({ $0.isASCII && $0.isNumber }), !out.isEmpty {
+                out += "[\(token)]"
+            } else {
+                out += out.isEmpty ? token : ".\(token)"
+            }
+        }
+        return out
+    }
+
+    /// `graph.children[2].url: scheme must be http or https`; the message alone for the document itself.
+    static func issueMessage(_ issue: Issue) -> String {
+        let where_ = dottedPath(issue.pointer)
+        return where_.isEmpty ? issue.message : "\(where_): \(issue.message)"
+    }
+}

@@ -1,0 +1,80 @@
+import Foundation
+import HTTPServer
+import JobCore
+
+/// Why the service could not start: which step, and the underlying error.
+struct StartupError: Error, CustomStringConvertible {
+    var step: String
+    var underlying: Error
+    var description: String { "\(step): \(underlying)" }
+}
+
+/// The whole server wired together: store, fetcher, engine, routes and HTTP listener.
+/// `main.swift` runs one; tests run one on port 0.
+final class Service: @unchecked Sendable {
+    let config: ServerConfig
+    let engine: Engine
+    let fetcher: Fetcher
+    let app: App
+    private let server: HTTPServer
+    private let logger: Logger
+
+    /// Creates the database folder, opens the store and the fetcher. Nothing runs yet.
+    /// - Throws: `StartupError`.
+    init(config: ServerConfig, logger: Logger) throws {
+        self.config = config
+        self.logger = logger
+        let folder = URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path
+        let store: SQLiteJobStore
+        do {
+            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            store = try SQLiteJobStore(path: config.dbPath, logger: logger)
+        } catch {
+            throw StartupError(step: "open the store at \(config.dbPath)", underlying: error)
+        }
+        do {
+            fetcher = try Fetcher(configuration: config.fetcherConfiguration)
+        } catch {
+            throw StartupError(step: "start the fetcher", underlying: error)
+        }
+        engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger)
+        app = App(engine: engine, fetcher: fetcher, config: config, logger: logger)
+        server = HTTPServer(configuration: app.makeServerConfiguration(), router: app.makeRouter())
+    }
+
+    /// Recovers unfinished jobs, then listens; logs `listening` and returns the bound port.
+    /// - Throws: `StartupError`.
+    func start() throws -> Int {
+        do {
+            try engine.start()
+        } catch {
+            throw StartupError(step: "start the engine", underlying: error)
+        }
+        let port: Int
+        do {
+            port = try server.start()
+        } catch {
+            engine.shutdown(gracePeriodMs: 0)
+            fetcher.shutdown()
+            throw StartupError(step: "listen on \(config.host):\(config.port)", underlying: error)
+        }
+        logger.info("listening", ["host": .string(config.host), "port": .int(port)])
+        return port
+    }
+
+    /// The orderly stop of API.md §4: refuse new jobs and answer open long-polls at once,
+    /// stop accepting, let responses in flight finish, then persist and close — all within
+    /// `--shutdown-grace` as far as the parts allow. Blocks until done.
+    func shutdown() {
+        let deadline = Timestamp.monotonicMs() + Int64(config.shutdownGraceMs)
+        app.beginShutdown()
+        engine.beginShutdown()
+        server.beginShutdown()
+        if !server.shutdown(gracePeriodSeconds: Double(config.shutdownGraceMs) / 1000) {
+            logger.warning("connections still open at the end of the grace period")
+        }
+        engine.shutdown(gracePeriodMs: Int(max(0, deadline - Timestamp.monotonicMs())))
+        fetcher.shutdown()
+        logger.info("stopped")
+    }
+}

@@ -1,0 +1,123 @@
+import Foundation
+import JobCore
+import XCTest
+
+/// The `jobserver` binary itself: exit codes, stdout silence, SIGTERM.
+final class ExecutableTests: XCTestCase {
+    private func binary() throws -> URL {
+        // SwiftPM puts the executable in the build folder that holds the test bundle.
+        let bundle = Bundle(for: Self.self).bundleURL
+        let candidates = [bundle, bundle.deletingLastPathComponent()].map { $0.appendingPathComponent("jobserver") }
+        guard let url = candidates.first(where: { FileManager.default.isExecutableFile(atPath: $0.path) }) else {
+            throw XCTSkip("jobserver binary not built next to the tests at \(bundle.path)")
+        }
+        return url
+    }
+
+    /// Collects a pipe's bytes on a thread of its own.
+    private final class PipeReader: @unchecked Sendable {
+        private let lock = NSLock()
+        private var data = Data()
+        private let done = DispatchSemaphore(value: 0)
+
+        init(_ pipe: Pipe) {
+            let handle = pipe.fileHandleForReading
+            Thread { [self] in
+                while true {
+                    let chunk = handle.availableData
+                    if chunk.isEmpty { break }
+                    lock.lock()
+                    data.append(chunk)
+                    lock.unlock()
+                }
+                done.signal()
+            }.start()
+        }
+
+        var text: String {
+            lock.lock()
+            defer { lock.unlock() }
+            return String(decoding: data, as: UTF8.self)
+        }
+
+        func waitForEnd(_ seconds: Double) -> Bool { done.wait(timeout: .now() + seconds) == .success }
+    }
+
+    private func run(_ arguments: [String], environment: [String: String] = [:]) throws
+        -> (Process, PipeReader, PipeReader)
+    {
+        let process = Process()
+        process.executableURL = try binary()
+        process.arguments = arguments
+        process.environment = environment
+        let out = Pipe()
+        let err = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        let outReader = PipeReader(out)
+        let errReader = PipeReader(err)
+        try process.run()
+        return (process, outReader, errReader)
+    }
+
+    private func waitForExit(_ process: Process, seconds: Double) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while process.isRunning && Date() < deadline { Thread.sleep(forTimeInterval: 0.02) }
+        return !process.isRunning
+    }
+
+    func testBadFlagExits2WithTheReasonOnStderr() throws {
+        let (process, out, err) = try run(["serve", "--port", "99999"])
+        XCTAssertTrue(waitForExit(process, seconds: 10))
+        XCTAssertEqual(process.terminationStatus, 2)
+        XCTAssertTrue(err.waitForEnd(5))
+        XCTAssertTrue(err.text.contains("--port"), err.text)
+        XCTAssertTrue(out.waitForEnd(5))
+        XCTAssertEqual(out.text, "")
+    }
+
+    func testBadEnvironmentValueExits2() throws {
+        let (process, _, err) = try run([], environment: ["JOBSERVER_RETENTION": "forever"])
+        XCTAssertTrue(waitForExit(process, seconds: 10))
+        XCTAssertEqual(process.terminationStatus, 2)
+        XCTAssertTrue(err.waitForEnd(5))
+        XCTAssertTrue(err.text.contains("JOBSERVER_RETENTION"), err.text)
+    }
+
+    func testHelpPrintsUsageAndExits0() throws {
+        let (process, out, _) = try run(["--help"])
+        XCTAssertTrue(waitForExit(process, seconds: 10))
+        XCTAssertEqual(process.terminationStatus, 0)
+        XCTAssertTrue(out.waitForEnd(5))
+        XCTAssertTrue(out.text.contains("--shutdown-grace"), out.text)
+    }
+
+    func testSIGTERMStopsTheServerWithExit0AndStdoutStaysSilent() throws {
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("jobserver-exe-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let (process, out, err) = try run(
+            ["serve", "--host", "127.0.0.1", "--port", "0", "--shutdown-grace", "3s"],
+            environment: ["JOBSERVER_DB": dir.appendingPathComponent("db/jobs.sqlite").path])
+        var port: Int?
+        let deadline = Date().addingTimeInterval(15)
+        while port == nil && Date() < deadline && process.isRunning {
+            for line in err.text.split(separator: "\n") {
+                if let json = try? JSONValue.parse(String(line)), json["msg"] == "listening" {
+                    port = json["port"]?.intValue
+                }
+            }
+            if port == nil { Thread.sleep(forTimeInterval: 0.02) }
+        }
+        let bound = try XCTUnwrap(port, "no listening line: \(err.text)")
+        XCTAssertEqual(try RawHTTPClient.send(port: bound, "GET", "/healthz").status, 200)
+
+        kill(process.processIdentifier, SIGTERM)
+        XCTAssertTrue(waitForExit(process, seconds: 10), "still running 10 s after SIGTERM")
+        XCTAssertEqual(process.terminationReason, .exit)
+        XCTAssertEqual(process.terminationStatus, 0)
+        XCTAssertTrue(out.waitForEnd(5))
+        XCTAssertEqual(out.text, "")
+        XCTAssertTrue(err.waitForEnd(5))
+        XCTAssertTrue(err.text.contains(#""msg":"stopped""#), err.text)
+    }
+}

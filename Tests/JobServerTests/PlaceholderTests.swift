@@ -1,5 +1,0 @@
-import XCTest
-
-final class JobServerPlaceholderTests: XCTestCase {
-    func testNothingYet() {}
-}

@@ -1,0 +1,151 @@
+import Foundation
+import JobCore
+import XCTest
+
+@testable import JobServer
+
+/// The whole service on a real socket (port 0), driven by a raw HTTP/1.1 client.
+final class ServiceEndToEndTests: XCTestCase {
+    private var upstream: Upstream!
+    private var service: Service?
+    private var port = 0
+    private var dir: URL!
+
+    override func setUpWithError() throws {
+        upstream = try Upstream()
+        dir = FileManager.default.temporaryDirectory.appendingPathComponent("jobserver-e2e-\(UUID().uuidString)")
+    }
+
+    override func tearDown() {
+        service?.shutdown()
+        upstream?.stop()
+        if let dir { try? FileManager.default.removeItem(at: dir) }
+    }
+
+    private func startService(_ configure: (inout ServerConfig) -> Void = { _ in }) throws {
+        var config = ServerConfig()
+        config.host = "127.0.0.1"
+        config.port = 0
+        // A folder that does not exist yet: the service creates it.
+        config.dbPath = dir.appendingPathComponent("nested/db/jobs.sqlite").path
+        config.denyCIDRs = []
+        config.shutdownGraceMs = 3000
+        configure(&config)
+        let service = try Service(config: config, logger: .disabled)
+        port = try service.start()
+        self.service = service
+    }
+
+    private func send(
+        _ method: String, _ target: String, headers: [(String, String)] = [], body: String? = nil
+    ) throws -> WireResponse {
+        try RawHTTPClient.send(port: port, method, target, headers: headers, body: body)
+    }
+
+    func testServiceCreatesTheDatabaseFolderAndListens() throws {
+        try startService()
+        XCTAssertGreaterThan(port, 0)
+        XCTAssertTrue(FileManager.default.fileExists(atPath: dir.appendingPathComponent("nested/db").path))
+        let health = try send("GET", "/healthz")
+        XCTAssertEqual(health.status, 200)
+        XCTAssertEqual(health.text, #"{"status":"ok"}"#)
+        XCTAssertNotNil(health.header("X-Request-Id"))
+    }
+
+    func testSubmitFollowAndReadTheBodyOverTCP() throws {
+        try startService()
+        let created = try send(
+            "POST", "/v1/jobs", headers: [("Content-Type", "application/json")],
+            body: #"{"graph":{"id":"f","type":"fetch","url":"\#(upstream.url("/ok"))"}}"#)
+        XCTAssertEqual(created.status, 201, created.text)
+        let location = try XCTUnwrap(created.header("Location"))
+        XCTAssertTrue(location.hasPrefix("/v1/jobs/"))
+        let settled = try send("GET", location + "?wait=10")
+        XCTAssertEqual(settled.status, 200)
+        XCTAssertEqual(settled.json?["state"], "succeeded", settled.text)
+        let body = try send("GET", location + "/nodes/f/body")
+        XCTAssertEqual(body.status, 200)
+        XCTAssertEqual(body.text, #"{"ok":true}"#)
+        let head = try send("HEAD", location)
+        XCTAssertEqual(head.status, 200)
+        XCTAssertTrue(head.body.isEmpty)
+    }
+
+    func testUnknownRouteIs404AndWrongMethodIs405WithAllow() throws {
+        try startService()
+        let missing = try send("GET", "/v2/nothing")
+        XCTAssertEqual(missing.status, 404)
+        XCTAssertEqual(missing.json?["error"]?["code"], "not_found")
+        let wrong = try send("PUT", "/v1/jobs")
+        XCTAssertEqual(wrong.status, 405)
+        let allow = try XCTUnwrap(wrong.header("Allow"))
+        XCTAssertTrue(allow.contains("GET") && allow.contains("POST"), allow)
+    }
+
+    func testOversizedBodyIs413() throws {
+        try startService { $0.maxRequestBytes = 100 }
+        let answer = try send(
+            "POST", "/v1/jobs", headers: [("Content-Type", "application/json")],
+            body: #"{"graph":{"type":"fetch","url":"http://127.0.0.1/"# + String(repeating: "x", count: 200) + #""}}"#)
+        XCTAssertEqual(answer.status, 413)
+        XCTAssertEqual(answer.json?["error"]?["code"], "payload_too_large")
+    }
+
+    func testMetricsCountRequestsByRoutePattern() throws {
+        try startService()
+        _ = try send("GET", "/v1/jobs/01NOSUCH")
+        _ = try send("GET", "/nope")
+        var text = ""
+        for _ in 0..<20 {
+            text = try send("GET", "/metrics").text
+            if text.contains(#"route="unmatched""#) && text.contains(#"route="/v1/jobs/{id}""#) { break }
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        XCTAssertTrue(text.contains(#"jobserver_http_requests_total{route="/v1/jobs/{id}",method="GET",status="404"} 1"#), text)
+        XCTAssertTrue(text.contains(#"route="unmatched",method="GET",status="404""#), text)
+    }
+
+    func testShutdownAnswersAnOpenLongPollAndRefusesNewJobs() throws {
+        try startService()
+        let created = try send(
+            "POST", "/v1/jobs", headers: [("Content-Type", "application/json")],
+            body: fetchJob(upstream.url("/hang")))
+        XCTAssertEqual(created.status, 201, created.text)
+        let location = try XCTUnwrap(created.header("Location"))
+        let box = WireBox()
+        let port = port
+        Thread {
+            box.put(try? RawHTTPClient.send(port: port, "GET", location + "?wait=30"))
+        }.start()
+        Thread.sleep(forTimeInterval: 0.3)
+        let started = Date()
+        service?.shutdown()
+        service = nil
+        let answer = try XCTUnwrap(box.wait(5) ?? nil, "the long-poll got no complete answer")
+        XCTAssertEqual(answer.status, 200)
+        XCTAssertNotNil(answer.json?["id"])
+        XCTAssertLessThan(Date().timeIntervalSince(started), 5)
+        XCTAssertThrowsError(try send("GET", "/healthz"), "the listener is closed after shutdown")
+    }
+}
+
+/// Hands a wire response over from the client thread.
+final class WireBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private let semaphore = DispatchSemaphore(value: 0)
+    private var value: WireResponse??
+
+    func put(_ response: WireResponse?) {
+        lock.lock()
+        value = .some(response)
+        lock.unlock()
+        semaphore.signal()
+    }
+
+    func wait(_ seconds: Double) -> WireResponse?? {
+        guard semaphore.wait(timeout: .now() + seconds) == .success else { return nil }
+        lock.lock()
+        defer { lock.unlock() }
+        return value
+    }
+}
