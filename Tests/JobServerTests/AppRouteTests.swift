@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import JobCore
+import TestSupport
 import XCTest
 
 @testable import JobServer
@@ -11,7 +12,7 @@ final class AppRouteTests: XCTestCase {
     private var harness: AppHarness!
 
     override func setUpWithError() throws {
-        upstream = try Upstream()
+        upstream = try Upstream.start()
         harness = try AppHarness()
     }
 
@@ -28,7 +29,7 @@ final class AppRouteTests: XCTestCase {
     // MARK: Submitting
 
     func testSubmitAnswers201WithLocationAndTheJob() throws {
-        let answer = harness.call(.submitJob, body: fetchJob(upstream.url("/ok"), name: "one"))
+        let answer = harness.call(.submitJob, body: fetchJob(upstream.url("/json"), name: "one"))
         XCTAssertEqual(answer.status, 201, answer.text)
         let job = try XCTUnwrap(answer.json)
         let id = try XCTUnwrap(job["id"]?.stringValue)
@@ -47,27 +48,27 @@ final class AppRouteTests: XCTestCase {
 
     func testSubmitAcceptsJSONWithUTF8Charset() {
         let answer = harness.call(
-            .submitJob, headers: [("Content-Type", "application/json; charset=utf-8")], body: fetchJob(upstream.url("/ok")))
+            .submitJob, headers: [("Content-Type", "application/json; charset=utf-8")], body: fetchJob(upstream.url("/json")))
         XCTAssertEqual(answer.status, 201, answer.text)
     }
 
     func testMetadataIsEchoedUnchanged() {
-        let body = #"{"graph":{"type":"fetch","url":"\#(upstream.url("/ok"))"},"metadata":{"b":1.50,"a":[true,null]}}"#
+        let body = #"{"graph":{"type":"fetch","url":"\#(upstream.url("/json"))"},"metadata":{"b":1.50,"a":[true,null]}}"#
         let answer = harness.call(.submitJob, body: body)
         XCTAssertEqual(answer.status, 201, answer.text)
         XCTAssertEqual(answer.json?["metadata"]?.text, #"{"b":1.50,"a":[true,null]}"#)
     }
 
     func testBodyThatIsNotJSONMediaTypeIs415() {
-        let plain = harness.call(.submitJob, headers: [("Content-Type", "text/plain")], body: fetchJob(upstream.url("/ok")))
+        let plain = harness.call(.submitJob, headers: [("Content-Type", "text/plain")], body: fetchJob(upstream.url("/json")))
         XCTAssertEqual(plain.status, 415)
         XCTAssertEqual(plain.errorCode, "unsupported_media_type")
-        let missing = harness.call(.submitJob, body: fetchJob(upstream.url("/ok")), json: false)
+        let missing = harness.call(.submitJob, body: fetchJob(upstream.url("/json")), json: false)
         XCTAssertEqual(missing.status, 415)
         XCTAssertEqual(harness.call(.submitJob, json: false).status, 415, "no Content-Type and no body")
         let latin1 = harness.call(
             .submitJob, headers: [("Content-Type", "application/json; charset=iso-8859-1")],
-            body: fetchJob(upstream.url("/ok")))
+            body: fetchJob(upstream.url("/json")))
         XCTAssertEqual(latin1.status, 415)
     }
 
@@ -111,24 +112,24 @@ final class AppRouteTests: XCTestCase {
     }
 
     func testIdempotencyKeyReturnsTheFirstJobAnd409ForAnotherBody() {
-        let body = fetchJob(upstream.url("/ok"))
+        let body = fetchJob(upstream.url("/json"))
         let first = harness.call(.submitJob, headers: [("Idempotency-Key", "k-1")], body: body)
         XCTAssertEqual(first.status, 201, first.text)
         let again = harness.call(.submitJob, headers: [("Idempotency-Key", "k-1")], body: body)
         XCTAssertEqual(again.status, 200, again.text)
         XCTAssertEqual(again.json?["id"], first.json?["id"])
         XCTAssertEqual(again.headers["Location"], first.headers["Location"])
-        let other = harness.call(.submitJob, headers: [("Idempotency-Key", "k-1")], body: fetchJob(upstream.url("/ok?x")))
+        let other = harness.call(.submitJob, headers: [("Idempotency-Key", "k-1")], body: fetchJob(upstream.url("/json?x")))
         XCTAssertEqual(other.status, 409, other.text)
         XCTAssertEqual(other.errorCode, "conflict")
     }
 
     func testIdempotencyKeyOver200CharactersIs400() {
         let ok = harness.call(
-            .submitJob, headers: [("Idempotency-Key", String(repeating: "k", count: 200))], body: fetchJob(upstream.url("/ok")))
+            .submitJob, headers: [("Idempotency-Key", String(repeating: "k", count: 200))], body: fetchJob(upstream.url("/json")))
         XCTAssertEqual(ok.status, 201, ok.text)
         let long = harness.call(
-            .submitJob, headers: [("Idempotency-Key", String(repeating: "k", count: 201))], body: fetchJob(upstream.url("/ok")))
+            .submitJob, headers: [("Idempotency-Key", String(repeating: "k", count: 201))], body: fetchJob(upstream.url("/json")))
         XCTAssertEqual(long.status, 400)
         XCTAssertEqual(long.errorCode, "bad_request")
     }
@@ -153,7 +154,7 @@ final class AppRouteTests: XCTestCase {
         for route in [Route.getNode, .getNodeBody] {
             XCTAssertEqual(harness.call(route, id: "01NOSUCHJOB", node: "root").status, 404, "\(route)")
         }
-        let id = harness.submit(fetchJob(upstream.url("/ok")))
+        let id = harness.submit(fetchJob(upstream.url("/json")))
         let node = harness.call(.getNode, id: id, node: "nope")
         XCTAssertEqual(node.status, 404)
         XCTAssertTrue(node.json?["error"]?["message"]?.stringValue?.contains("nope") == true)
@@ -161,7 +162,7 @@ final class AppRouteTests: XCTestCase {
     }
 
     func testBadQueryParametersAre400() {
-        let id = harness.submit(fetchJob(upstream.url("/ok")))
+        let id = harness.submit(fetchJob(upstream.url("/json")))
         let cases: [(Route, [(String, String)])] = [
             (.getJob, [("wait", "61")]), (.getJob, [("wait", "x")]), (.getJob, [("wait", "1"), ("since", "v3")]),
             (.listJobs, [("limit", "0")]), (.listJobs, [("limit", "501")]), (.listJobs, [("state", "done")]),
@@ -175,7 +176,7 @@ final class AppRouteTests: XCTestCase {
     }
 
     func testListIsNewestFirstWithoutResultAndPagesByCursor() throws {
-        let ids = (0..<3).map { harness.submit(fetchJob(upstream.url("/ok"), name: "job\($0)")) }
+        let ids = (0..<3).map { harness.submit(fetchJob(upstream.url("/json"), name: "job\($0)")) }
         let first = harness.call(.listJobs, query: [("limit", "2")])
         XCTAssertEqual(first.status, 200, first.text)
         let page = try XCTUnwrap(first.json)
@@ -190,7 +191,7 @@ final class AppRouteTests: XCTestCase {
     }
 
     func testListFiltersByState() throws {
-        let done = harness.submit(fetchJob(upstream.url("/ok")))
+        let done = harness.submit(fetchJob(upstream.url("/json")))
         _ = harness.settled(done)
         let hanging = harness.submit(fetchJob(upstream.url("/hang")))
         let succeeded = try XCTUnwrap(harness.call(.listJobs, query: [("state", "succeeded")]).json)
@@ -201,7 +202,7 @@ final class AppRouteTests: XCTestCase {
     }
 
     func testNodesRoutesShowTreeResultsAndBody() throws {
-        let body = #"{"graph":{"type":"list","children":[{"id":"a","type":"fetch","url":"\#(upstream.url("/ok"))"}]}}"#
+        let body = #"{"graph":{"type":"list","children":[{"id":"a","type":"fetch","url":"\#(upstream.url("/json"))"}]}}"#
         let id = harness.submit(body)
         XCTAssertEqual(harness.settled(id)?["state"], "succeeded")
 
@@ -235,7 +236,7 @@ final class AppRouteTests: XCTestCase {
     // MARK: Long-polling
 
     func testWaitAnswersOnceTheJobSettles() {
-        let id = harness.submit(fetchJob(upstream.url("/ok")))
+        let id = harness.submit(fetchJob(upstream.url("/json")))
         let answer = harness.call(.getJob, id: id, query: [("wait", "10")])
         XCTAssertEqual(answer.status, 200)
         XCTAssertEqual(answer.json?["state"], "succeeded")
@@ -313,7 +314,7 @@ final class AppRouteTests: XCTestCase {
     }
 
     func testCancelSucceededJobIs409() {
-        let id = harness.submit(fetchJob(upstream.url("/ok")))
+        let id = harness.submit(fetchJob(upstream.url("/json")))
         XCTAssertEqual(harness.settled(id)?["state"], "succeeded")
         let answer = harness.call(.cancelJob, id: id)
         XCTAssertEqual(answer.status, 409)
@@ -355,14 +356,14 @@ final class AppRouteTests: XCTestCase {
         let health = harness.call(.health)
         XCTAssertEqual(health.status, 503)
         XCTAssertEqual(health.text, #"{"status":"shutting_down"}"#)
-        let submit = harness.call(.submitJob, body: fetchJob(upstream.url("/ok")))
+        let submit = harness.call(.submitJob, body: fetchJob(upstream.url("/json")))
         XCTAssertEqual(submit.status, 503)
         XCTAssertEqual(submit.errorCode, "shutting_down")
     }
 
     func testEngineRefusingSubmissionsIs503() {
         harness.engine.beginShutdown()
-        let submit = harness.call(.submitJob, body: fetchJob(upstream.url("/ok")))
+        let submit = harness.call(.submitJob, body: fetchJob(upstream.url("/json")))
         XCTAssertEqual(submit.status, 503)
         XCTAssertEqual(submit.errorCode, "shutting_down")
     }

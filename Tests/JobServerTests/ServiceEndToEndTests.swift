@@ -1,5 +1,6 @@
 import Foundation
 import JobCore
+import TestSupport
 import XCTest
 
 @testable import JobServer
@@ -12,7 +13,7 @@ final class ServiceEndToEndTests: XCTestCase {
     private var dir: URL!
 
     override func setUpWithError() throws {
-        upstream = try Upstream()
+        upstream = try Upstream.start()
         dir = FileManager.default.temporaryDirectory.appendingPathComponent("jobserver-e2e-\(UUID().uuidString)")
     }
 
@@ -56,7 +57,7 @@ final class ServiceEndToEndTests: XCTestCase {
         try startService()
         let created = try send(
             "POST", "/v1/jobs", headers: [("Content-Type", "application/json")],
-            body: #"{"graph":{"id":"f","type":"fetch","url":"\#(upstream.url("/ok"))"}}"#)
+            body: #"{"graph":{"id":"f","type":"fetch","url":"\#(upstream.url("/json"))"}}"#)
         XCTAssertEqual(created.status, 201, created.text)
         let location = try XCTUnwrap(created.header("Location"))
         XCTAssertTrue(location.hasPrefix("/v1/jobs/"))
