@@ -118,6 +118,8 @@ free_port() {
 start_upstream() {
   local out="$TMP/upstream.out" port="" i
   [ -f "$UPSTREAM_SCRIPT" ] || fail "fixture $UPSTREAM_SCRIPT is missing"
+  # Made here: the background job opens it only when it gets to run.
+  : >"$out"
   python3 "$UPSTREAM_SCRIPT" --port 0 >"$out" 2>"$TMP/upstream.err" &
   UPSTREAM_PID=$!
   STARTED_PIDS+=("$UPSTREAM_PID")

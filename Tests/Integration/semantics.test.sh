@@ -47,11 +47,12 @@ expect_jq '.result[2].body_encoding' text
 step "fire_on_first_result: the first success itself; the slower sibling is cancelled"
 ustats_reset
 t0="$(millis)"
-run_job "{\"type\":\"list\",\"fire_on_first_result\":true,\"children\":[$(fetch /delay/5000),$(fetch /status/500),$(fetch /json)]}"
+# The 500 comes first, the 300 ms delay second: a failure does not fire the list.
+run_job "{\"type\":\"list\",\"fire_on_first_result\":true,\"children\":[$(fetch /delay/5000),$(fetch /status/500),$(fetch /delay/300)]}"
 t1="$(millis)"
 expect_jq .state succeeded
 expect_jq '.result.status' 200
-expect_jq '.result.url' "$UPSTREAM/json"
+expect_jq '.result.url' "$UPSTREAM/delay/300"
 [ $((t1 - t0)) -lt 4000 ] || fail "fire_on_first_result waited for the slow child ($((t1 - t0)) ms)"
 expect_node "$JOB_ID" root.0 .state cancelled
 expect_node "$JOB_ID" root.1 .state failed
