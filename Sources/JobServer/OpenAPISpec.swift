@@ -2,11 +2,1322 @@
 
 /// The API description served at `GET /openapi.yaml`.
 let openAPISpec = #"""
-# PLACEHOLDER: the real openapi.yaml is written in another branch.
 openapi: 3.1.0
 info:
   title: jobserver
   version: "1"
-paths: {}
+  summary: Runs job graphs of HTTP fetches as trees of Deferreds, persisted in SQLite.
+  description: |
+    jobserver HTTP API, version 1. This document describes API.md exactly;
+    where API.md leaves a point open, the decision taken is written in the
+    description of the route, parameter or schema concerned, and in the
+    "Decisions" list below.
+
+    All bodies are UTF-8 JSON unless a route says otherwise. Times are RFC 3339
+    UTC strings with milliseconds (`2026-12-02T08:11:28.123Z`). Durations are
+    integer milliseconds in fields ending `_ms`. Field names are `snake_case`.
+
+    ## Protocol
+    HTTP/1.1 per RFC 9110/9112. `HEAD` works wherever `GET` does (same status
+    and headers, no body); it is not listed per route. Every response carries
+    `Date` and `X-Request-Id`. Absolute-form targets (`GET http://host/v1/jobs`)
+    are accepted. A request without `Host` (or with two), or with whitespace
+    between a header name and its colon, is `400 bad_request`; a request target
+    over the limit is `414 uri_too_long`; request headers over the limit are
+    `431 headers_too_large`. A known route with another method is
+    `405 method_not_allowed` with an `Allow` header listing the route's methods
+    (including `HEAD` where `GET` is allowed).
+
+    ## Authentication
+    When the server runs with `--token`, every route except `/healthz` needs
+    `Authorization: Bearer <token>`; without `--token` no route needs it.
+
+    ## Errors
+    Errors of the API itself are `{"error": {"code", "message", "path"?, "details"?}}`
+    (schema `ApiError`). Failures of jobs and nodes are a different object,
+    `NodeError` (`kind`, `message`, `node`, `status`, `errors`).
+
+    ## Decisions (points API.md leaves open)
+    - `414` uses code `uri_too_long`; an unexpected server fault (a bug) is
+      `500` with code `internal`. Neither is in API.md §3's table.
+    - `422 invalid_graph` names the first problem in `path`/`message` and lists
+      every problem found in `details`, each with its own JSON Pointer.
+    - Unknown query parameters are ignored; a known one given twice is `400`.
+    - `since` without `wait` is still validated, but has no effect: the job is
+      answered at once.
+    - An `Idempotency-Key` is remembered as long as the job it created exists
+      (until `DELETE` or retention removes it). "The same body" means the same
+      bytes.
+    - A fetch's `max_bytes` above the server's `--max-response-bytes` does not
+      raise the limit: the smaller of the two applies.
+    - `recover` is applied when the key is present, even with the value `null`.
+    - `/healthz` answers `503` with the `ApiError` object (code
+      `shutting_down`) while shutting down. From the moment shutdown begins a
+      submission gets `503`; other requests on connections still open may get
+      `503 shutting_down` too, so every route lists it.
+    - The raw body of a fetch node is kept for its last response, also when that
+      response failed the node with kind `http_status`; a node without a kept
+      body (not a fetch, not yet answered, `too_large`, transport error) is `404`.
+  license:
+    name: MIT
+    identifier: MIT
+
+servers:
+  - url: http://localhost:8080
+    description: a local server (`jobserver serve`)
+
+security:
+  - bearerAuth: []
+
+tags:
+  - name: jobs
+    description: submit, follow, list, cancel and delete jobs
+  - name: nodes
+    description: the nodes of a job's tree
+  - name: operations
+    description: health, metrics and this document
+
+paths:
+  /v1/jobs:
+    parameters:
+      - $ref: "#/components/parameters/RequestId"
+    post:
+      tags: [jobs]
+      operationId: submitJob
+      summary: Submit a job
+      description: |
+        Creates a job from a graph of nodes. A job answered with `201` is
+        durable: it survives a crash or restart of the server from that moment on.
+
+        With `Idempotency-Key`, a second `POST` with the same key and the same
+        body (byte for byte) answers `200` with the job the first one created
+        (as it is now, same `id`) instead of creating another; the same key with
+        a different body is `409 conflict`.
+
+        The body must be `application/json` (parameters allowed; a `charset`,
+        if given, must be `utf-8`); a missing or other `Content-Type` is `415`.
+        A body over `--max-request-bytes` is `413`. A body that is not JSON is
+        `400 malformed_json`. JSON that is not a valid job (unknown field or
+        type, wrong field type, value out of range, bad URL or scheme, duplicate
+        id, more than `--max-nodes` nodes, more than `--max-depth` levels with
+        the root at level 1, `name` over 200 characters, `metadata` over
+        16 KiB) is `422 invalid_graph` with a JSON Pointer into the body.
+        When the server already holds its limit of active jobs
+        (`--max-active-jobs`), the answer is `429 too_many_jobs` with
+        `Retry-After`. Bad input never leaves a half-written job.
+      parameters:
+        - $ref: "#/components/parameters/IdempotencyKey"
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema:
+              $ref: "#/components/schemas/JobSubmission"
+            examples:
+              profileAndMessages:
+                summary: a fail-fast list of two fetches (API.md §1.1)
+                value:
+                  name: profile-and-messages
+                  graph:
+                    type: list
+                    fire_on_first_error: true
+                    children:
+                      - id: profile
+                        type: fetch
+                        url: http://api.local/profile
+                      - id: messages
+                        type: fetch
+                        url: http://api.local/messages
+                        retries: 2
+                  deadline_ms: 60000
+                  metadata:
+                    requested_by: nightly-sync
+      responses:
+        "201":
+          description: The job was created (and is durable).
+          headers:
+            Location:
+              description: "`/v1/jobs/{id}` of the new job."
+              required: true
+              schema:
+                type: string
+                pattern: "^/v1/jobs/[^/]+$"
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                $ref: "#/components/schemas/Job"
+          links:
+            GetJob:
+              operationId: getJob
+              parameters:
+                id: $response.body#/id
+              description: follow the new job (long-poll with `wait` and `since`)
+            ListNodes:
+              operationId: listNodes
+              parameters:
+                id: $response.body#/id
+            CancelJob:
+              operationId: cancelJob
+              parameters:
+                id: $response.body#/id
+            DeleteJob:
+              operationId: deleteJob
+              parameters:
+                id: $response.body#/id
+              description: only once the job is settled (`409` before)
+        "200":
+          description: |
+            A job with this `Idempotency-Key` and the same body exists already;
+            this is that job as it is now.
+          headers:
+            Location:
+              description: "`/v1/jobs/{id}` of the existing job."
+              schema:
+                type: string
+                pattern: "^/v1/jobs/[^/]+$"
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                $ref: "#/components/schemas/Job"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "409":
+          $ref: "#/components/responses/Conflict"
+        "413":
+          $ref: "#/components/responses/PayloadTooLarge"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "415":
+          $ref: "#/components/responses/UnsupportedMediaType"
+        "422":
+          $ref: "#/components/responses/InvalidGraph"
+        "429":
+          $ref: "#/components/responses/TooManyJobs"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+    get:
+      tags: [jobs]
+      operationId: listJobs
+      summary: List jobs, newest first
+      description: |
+        Jobs newest first (by `id`, which sorts by creation time), each without
+        `result`. `next_cursor` is `null` on the last page; otherwise pass it as
+        `cursor` to get the jobs after the last one of this page (keep the same
+        `state`; `limit` may change). Out-of-range or malformed parameters are
+        `400 bad_request`, never clamped.
+      parameters:
+        - name: state
+          in: query
+          description: only jobs in this state
+          schema:
+            $ref: "#/components/schemas/State"
+        - name: limit
+          in: query
+          description: page size, 1–500
+          schema:
+            type: integer
+            minimum: 1
+            maximum: 500
+            default: 50
+        - name: cursor
+          in: query
+          description: opaque; a `next_cursor` from an earlier page. A cursor the server did not make is `400`.
+          schema:
+            type: string
+            minLength: 1
+            maxLength: 200
+      responses:
+        "200":
+          description: a page of jobs
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                $ref: "#/components/schemas/JobList"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+
+  /v1/jobs/{id}:
+    parameters:
+      - $ref: "#/components/parameters/JobId"
+      - $ref: "#/components/parameters/RequestId"
+    get:
+      tags: [jobs]
+      operationId: getJob
+      summary: Get a job, optionally long-polling
+      description: |
+        The job. With `wait=S` (0–60 seconds) the request long-polls: it is
+        answered as soon as the job's `version` exceeds `since` (without
+        `since`: as soon as the job is settled; at once if it already is), or
+        after `S` seconds with the job as it is then. `wait=0` answers at once.
+        `since` without `wait` is validated but has no effect. If the job is deleted during the
+        wait, the answer is `404`. When the server shuts down during the wait,
+        the poll is answered at once with the job as it is (a complete answer)
+        before the connection closes.
+      parameters:
+        - name: wait
+          in: query
+          description: seconds to wait for a change, 0–60 (integer)
+          schema:
+            type: integer
+            minimum: 0
+            maximum: 60
+        - name: since
+          in: query
+          description: a `version` seen before; answer once the job's version exceeds it
+          schema:
+            type: integer
+            format: int64
+            minimum: 0
+      responses:
+        "200":
+          description: the job
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                $ref: "#/components/schemas/Job"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "404":
+          $ref: "#/components/responses/NotFound"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+    delete:
+      tags: [jobs]
+      operationId: deleteJob
+      summary: Delete a settled job
+      description: |
+        Deletes a settled job with its nodes, results, bodies and its
+        `Idempotency-Key`. `409 conflict` while the job is pending or running
+        (cancel it first).
+      responses:
+        "204":
+          description: deleted
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "404":
+          $ref: "#/components/responses/NotFound"
+        "409":
+          $ref: "#/components/responses/Conflict"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+
+  /v1/jobs/{id}/cancel:
+    parameters:
+      - $ref: "#/components/parameters/JobId"
+      - $ref: "#/components/parameters/RequestId"
+    post:
+      tags: [jobs]
+      operationId: cancelJob
+      summary: Cancel a job
+      description: |
+        Cancelling reaches every unsettled node: transfers in flight are aborted
+        at once, pending nodes never start, and each ends `cancelled`; the job's
+        `error` is then of kind `cancelled`.
+        `202` with the job on a pending or running job, even when the
+        cancellation completed before the answer was written; `200` with the
+        job if it was already cancelled; `409 conflict` if it had already
+        succeeded or failed. No request body is expected; one, if sent, is
+        ignored (it still counts against `--max-request-bytes`).
+      responses:
+        "202":
+          description: the job, while cancelling (or just cancelled)
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                $ref: "#/components/schemas/Job"
+        "200":
+          description: the job, which was already cancelled
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                $ref: "#/components/schemas/Job"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "404":
+          $ref: "#/components/responses/NotFound"
+        "409":
+          $ref: "#/components/responses/Conflict"
+        "413":
+          $ref: "#/components/responses/PayloadTooLarge"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+
+  /v1/jobs/{id}/nodes:
+    parameters:
+      - $ref: "#/components/parameters/JobId"
+      - $ref: "#/components/parameters/RequestId"
+    get:
+      tags: [nodes]
+      operationId: listNodes
+      summary: The nodes of a job, in tree order
+      description: |
+        Every node of the job in tree order (depth first, a parent before its
+        children, children in their order). `result` is included only with
+        `include=result` (then on every node, `null` where there is none).
+        Any other value of `include` is `400`.
+      parameters:
+        - name: include
+          in: query
+          schema:
+            type: string
+            enum: [result]
+      responses:
+        "200":
+          description: the nodes
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                $ref: "#/components/schemas/NodeList"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "404":
+          $ref: "#/components/responses/NotFound"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+
+  /v1/jobs/{id}/nodes/{node}:
+    parameters:
+      - $ref: "#/components/parameters/JobId"
+      - $ref: "#/components/parameters/NodeIdParam"
+      - $ref: "#/components/parameters/RequestId"
+    get:
+      tags: [nodes]
+      operationId: getNode
+      summary: One node, with its result
+      responses:
+        "200":
+          description: the node, always with `result` (`null` until it succeeded)
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                $ref: "#/components/schemas/NodeWithResult"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "404":
+          $ref: "#/components/responses/NotFound"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+
+  /v1/jobs/{id}/nodes/{node}/body:
+    parameters:
+      - $ref: "#/components/parameters/JobId"
+      - $ref: "#/components/parameters/NodeIdParam"
+      - $ref: "#/components/parameters/RequestId"
+    get:
+      tags: [nodes]
+      operationId: getNodeBody
+      summary: A fetch node's raw response body
+      description: |
+        The body of the fetch node's last response, byte for byte, with the
+        upstream's original `Content-Type` (`application/octet-stream` when the
+        upstream sent none). `404 not_found` when the job or node is unknown, the
+        node is not a fetch, or no body was kept (not answered yet, `too_large`,
+        a transport error). A body kept from a response that failed the node with
+        `http_status` is served too.
+      responses:
+        "200":
+          description: the raw body
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            "*/*":
+              schema:
+                type: string
+                format: binary
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "404":
+          $ref: "#/components/responses/NotFound"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+
+  /healthz:
+    parameters:
+      - $ref: "#/components/parameters/RequestId"
+    get:
+      tags: [operations]
+      operationId: healthz
+      summary: Liveness
+      description: Open even when a token is configured. `503` from the moment shutdown begins.
+      security: []
+      responses:
+        "200":
+          description: serving
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: false
+                required: [status]
+                properties:
+                  status:
+                    const: ok
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+
+  /metrics:
+    parameters:
+      - $ref: "#/components/parameters/RequestId"
+    get:
+      tags: [operations]
+      operationId: metrics
+      summary: Prometheus metrics
+      description: |
+        Prometheus text exposition format (`text/plain; version=0.0.4`): jobs,
+        nodes, fetches by outcome, a fetch latency histogram, HTTP requests by
+        route and status, queue depths.
+      responses:
+        "200":
+          description: the metrics
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            text/plain:
+              schema:
+                type: string
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+
+  /openapi.yaml:
+    parameters:
+      - $ref: "#/components/parameters/RequestId"
+    get:
+      tags: [operations]
+      operationId: openapi
+      summary: This document
+      responses:
+        "200":
+          description: the OpenAPI document
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/yaml:
+              schema:
+                description: this OpenAPI 3.1 document (a YAML mapping)
+                type: object
+                required: [openapi, info, paths]
+                properties:
+                  openapi:
+                    type: string
+                    pattern: "^3[.]1[.][0-9]+$"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/ShuttingDown"
+
+components:
+  securitySchemes:
+    bearerAuth:
+      type: http
+      scheme: bearer
+      description: |
+        Needed only when the server runs with `--token` (or `JOBSERVER_TOKEN`):
+        `Authorization: Bearer <token>`, compared in constant time.
+
+  parameters:
+    JobId:
+      name: id
+      in: path
+      required: true
+      description: a job's `id` (opaque)
+      schema:
+        type: string
+        minLength: 1
+        maxLength: 64
+    NodeIdParam:
+      name: node
+      in: path
+      required: true
+      description: a node's `id` (given in the graph, or its default path id such as `root.1.0`)
+      schema:
+        type: string
+        minLength: 1
+    IdempotencyKey:
+      name: Idempotency-Key
+      in: header
+      required: false
+      description: |
+        At most 200 characters. A second submission with the same key returns
+        the job created by the first (`200`, same `id`); the same key with a
+        different body is `409`. An empty or longer key is `400 bad_request`.
+      schema:
+        type: string
+        minLength: 1
+        maxLength: 200
+    RequestId:
+      name: X-Request-Id
+      in: header
+      required: false
+      description: |
+        Echoed in the response's `X-Request-Id` and written in the server's log
+        lines for this request. When absent, or not 1–200 visible ASCII
+        characters, the server makes one up.
+      schema:
+        type: string
+        pattern: "^[!-~]{1,200}$"
+
+  headers:
+    RequestId:
+      description: the request's id (the client's `X-Request-Id`, or one the server made)
+      schema:
+        type: string
+        minLength: 1
+    RetryAfter:
+      description: seconds after which a retry may succeed
+      required: true
+      schema:
+        type: integer
+        minimum: 1
+    Allow:
+      description: the methods the route accepts, e.g. `GET, HEAD, DELETE`
+      required: true
+      schema:
+        type: string
+    WWWAuthenticate:
+      description: "`Bearer`"
+      schema:
+        type: string
+
+  responses:
+    BadRequest:
+      description: |
+        `malformed_json` (the body is not JSON), or `bad_request` (not valid
+        HTTP, or a parameter out of range or malformed: `wait` over 60, `limit`
+        0 or over 500, an unknown `state`, a bad `cursor`, a non-numeric `since`…).
+      headers:
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    Unauthorized:
+      description: "`unauthorized`: a token is configured and the request lacks `Authorization: Bearer <token>`."
+      headers:
+        WWW-Authenticate:
+          $ref: "#/components/headers/WWWAuthenticate"
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    NotFound:
+      description: "`not_found`: unknown route, job or node."
+      headers:
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    MethodNotAllowed:
+      description: "`method_not_allowed`: a known route with another method."
+      headers:
+        Allow:
+          $ref: "#/components/headers/Allow"
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    Conflict:
+      description: |
+        `conflict`: an `Idempotency-Key` reused with a different body; a cancel
+        of a job that already succeeded or failed; a delete of a pending or
+        running job.
+      headers:
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    PayloadTooLarge:
+      description: "`payload_too_large`: the request body is over `--max-request-bytes`."
+      headers:
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    UriTooLong:
+      description: "`uri_too_long`: the request target is over the server's limit."
+      headers:
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    UnsupportedMediaType:
+      description: "`unsupported_media_type`: a body that is not `application/json`."
+      headers:
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    InvalidGraph:
+      description: |
+        `invalid_graph`: JSON, but not a valid job. `path` is a JSON Pointer into
+        the request body (e.g. `/graph/children/2/url`); `details` lists every
+        problem found.
+      headers:
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+          example:
+            error:
+              code: invalid_graph
+              message: "graph.children[2].url: scheme must be http or https"
+              path: /graph/children/2/url
+    TooManyJobs:
+      description: "`too_many_jobs`: the server's queue of active jobs is full."
+      headers:
+        Retry-After:
+          $ref: "#/components/headers/RetryAfter"
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    HeadersTooLarge:
+      description: "`headers_too_large`: the request's header section is over the server's limit."
+      headers:
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    ShuttingDown:
+      description: "`shutting_down`: the server is stopping."
+      headers:
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+
+  schemas:
+    # ---------------------------------------------------------------- submission
+    JobSubmission:
+      description: "`POST /v1/jobs` body (API.md §1.1). Unknown fields are refused (`422`)."
+      type: object
+      additionalProperties: false
+      required: [graph]
+      properties:
+        graph:
+          $ref: "#/components/schemas/GraphNode"
+        name:
+          description: a label, at most 200 characters (Unicode scalar values)
+          type: string
+          maxLength: 200
+        deadline_ms:
+          description: |
+            The whole job fails with kind `timeout` if not settled this many
+            milliseconds after it was created; its running and pending nodes
+            end `cancelled`.
+          type: integer
+          minimum: 1
+          maximum: 2147483647
+        metadata:
+          description: |
+            Any JSON object up to 16 KiB (measured as its compact JSON
+            serialisation), stored and echoed back unchanged.
+          type: object
+
+    NodeId:
+      description: |
+        Unique within the job. Default: the node's path — the root is `root`,
+        its children `root.0`, `root.1`, theirs `root.1.0`… Default ids count
+        for uniqueness too: an explicit id equal to another node's default id
+        is a duplicate (`422`).
+      type: string
+      pattern: "^[A-Za-z0-9_.-]{1,64}$"
+
+    TimeoutMs:
+      description: |
+        The node fails with kind `timeout` if not settled this many milliseconds
+        after it started; its unsettled descendants end `cancelled`.
+      type: integer
+      minimum: 1
+      maximum: 2147483647
+
+    Recover:
+      description: |
+        Any JSON value (also `null`: the key's presence counts). If the node
+        fails (not when it is cancelled or skipped), it succeeds with this value
+        instead and reports `"recovered": true`.
+
+    GraphNode:
+      description: A node of the job graph; `type` says which kind.
+      oneOf:
+        - $ref: "#/components/schemas/FetchNode"
+        - $ref: "#/components/schemas/ListNode"
+        - $ref: "#/components/schemas/SequenceNode"
+      discriminator:
+        propertyName: type
+        mapping:
+          fetch: "#/components/schemas/FetchNode"
+          list: "#/components/schemas/ListNode"
+          sequence: "#/components/schemas/SequenceNode"
+
+    FetchNode:
+      description: One HTTP request, made with libcurl. Its result is a `FetchResult`.
+      type: object
+      additionalProperties: false
+      required: [type, url]
+      not:
+        description: "`body` and `json` are exclusive"
+        required: [body, json]
+      properties:
+        type:
+          const: fetch
+        id:
+          $ref: "#/components/schemas/NodeId"
+        timeout_ms:
+          $ref: "#/components/schemas/TimeoutMs"
+        recover:
+          $ref: "#/components/schemas/Recover"
+        url:
+          description: |
+            An absolute `http://` or `https://` URL (scheme case-insensitive);
+            every other scheme is refused at submit (`422`).
+          type: string
+          format: uri
+          minLength: 8
+          maxLength: 8192
+          pattern: "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\\s]+[^\\s]*$"
+        method:
+          type: string
+          enum: [GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS]
+          default: GET
+        headers:
+          description: |
+            Request header fields, name → value. Names are HTTP tokens; values
+            must not contain CR, LF or NUL.
+          type: object
+          default: {}
+          propertyNames:
+            pattern: "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
+          additionalProperties:
+            type: string
+            pattern: "^[^\\r\\n\\x00]*$"
+        body:
+          description: a request body sent as is (not with `json`)
+          type: string
+        json:
+          description: |
+            Any JSON value, sent as the request body with
+            `Content-Type: application/json` (not with `body`).
+        expect:
+          description: |
+            How to read the response body: `json` (invalid JSON fails with kind
+            `invalid_json`), `text`, `bytes`, or `auto` (JSON if the content
+            type says JSON, text if it is text and valid UTF-8, else bytes).
+          type: string
+          enum: [auto, json, text, bytes]
+          default: auto
+        accept_status:
+          description: status codes that count as success besides 200–299
+          type: array
+          default: []
+          items:
+            type: integer
+            minimum: 100
+            maximum: 599
+        retries:
+          description: |
+            Extra attempts after a connect error, a timeout, a 5xx or a 429;
+            only when the fetch is idempotent (see `idempotent`).
+          type: integer
+          minimum: 0
+          maximum: 10
+          default: 0
+        retry_backoff_ms:
+          description: |
+            The first backoff; it doubles each attempt, with jitter. A
+            `Retry-After` header of the upstream is honoured instead.
+          type: integer
+          minimum: 0
+          maximum: 600000
+          default: 200
+        idempotent:
+          description: |
+            Default: true for `GET HEAD PUT DELETE OPTIONS`, false for `POST
+            PATCH`. Set it to true on a `POST`/`PATCH` that is safe to repeat:
+            it may then be retried, and run again after a restart instead of
+            failing with kind `interrupted`.
+          type: boolean
+        max_bytes:
+          description: |
+            The largest response body accepted; a larger one fails with kind
+            `too_large` and is never buffered whole. A response of exactly
+            `max_bytes` bytes succeeds. Default, and upper bound: the server's
+            `--max-response-bytes` (the smaller of the two applies).
+          type: integer
+          minimum: 0
+          format: int64
+        follow_redirects:
+          description: at most 5 redirects, to http/https only; the 6th fails
+          type: boolean
+          default: true
+
+    ListNode:
+      description: |
+        A DeferredList. Its children all start at once (within `concurrency` and
+        the server's limits).
+        - neither flag: when every child has settled, succeeds with an array in
+          child order; each entry is the child's result, or for a failed or
+          cancelled child `{"error": NodeError}` (`null` under
+          `consume_errors`). A plain list never fails because a child failed.
+        - `fire_on_first_result`: succeeds with the first successful child's
+          result (the value itself). If every child fails, fails with kind
+          `all_failed`, whose `errors` holds each child's error in child order.
+        - `fire_on_first_error`: fails with the first failing child's error (its
+          `node` names that child). If every child succeeds, succeeds with the
+          array.
+        - both flags: settles like whichever happens first.
+      type: object
+      additionalProperties: false
+      required: [type, children]
+      properties:
+        type:
+          const: list
+        id:
+          $ref: "#/components/schemas/NodeId"
+        timeout_ms:
+          $ref: "#/components/schemas/TimeoutMs"
+        recover:
+          $ref: "#/components/schemas/Recover"
+        children:
+          type: array
+          minItems: 1
+          items:
+            $ref: "#/components/schemas/GraphNode"
+        fire_on_first_result:
+          type: boolean
+          default: false
+        fire_on_first_error:
+          type: boolean
+          default: false
+        consume_errors:
+          description: in the results array, a failed child stands as `null` instead of its error entry
+          type: boolean
+          default: false
+        cancel_remaining:
+          description: once the list has fired early, cancel the children still running or pending
+          type: boolean
+          default: true
+        concurrency:
+          description: at most this many children running at once (default unlimited)
+          type: integer
+          minimum: 1
+
+    SequenceNode:
+      description: |
+        Children one after another: child n+1 starts after child n settled.
+        Succeeds with the array of child results. Without `continue_on_error`,
+        the first failing child fails the sequence with that child's error and
+        the children after it end `skipped`. With it, failed children stand in
+        the array as `{"error": NodeError}`, as in a plain list.
+      type: object
+      additionalProperties: false
+      required: [type, children]
+      properties:
+        type:
+          const: sequence
+        id:
+          $ref: "#/components/schemas/NodeId"
+        timeout_ms:
+          $ref: "#/components/schemas/TimeoutMs"
+        recover:
+          $ref: "#/components/schemas/Recover"
+        children:
+          type: array
+          minItems: 1
+          items:
+            $ref: "#/components/schemas/GraphNode"
+        continue_on_error:
+          type: boolean
+          default: false
+
+    # ---------------------------------------------------------------- results
+    FetchResult:
+      description: |
+        A successful fetch's result (a node's `result` when it is a fetch that
+        was not recovered).
+      type: object
+      additionalProperties: false
+      required: [status, headers, body, body_encoding, bytes, elapsed_ms, url]
+      properties:
+        status:
+          type: integer
+          minimum: 100
+          maximum: 599
+        headers:
+          description: response headers; keys lowercase, repeated headers joined with `, `
+          type: object
+          additionalProperties:
+            type: string
+        body:
+          description: "`json`: the parsed value; `text` and `base64`: a string"
+        body_encoding:
+          type: string
+          enum: [json, text, base64]
+        bytes:
+          description: the size of the response body in bytes
+          type: integer
+          minimum: 0
+        elapsed_ms:
+          type: integer
+          minimum: 0
+        url:
+          description: the URL finally fetched (after redirects)
+          type: string
+
+    # ---------------------------------------------------------------- jobs
+    State:
+      description: "`pending`, `running`, `succeeded`, `failed`, `cancelled`, `skipped`"
+      type: string
+      enum: [pending, running, succeeded, failed, cancelled, skipped]
+
+    Timestamp:
+      description: RFC 3339 UTC with milliseconds
+      type: string
+      format: date-time
+      pattern: "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z$"
+
+    NullableTimestamp:
+      description: RFC 3339 UTC with milliseconds, or `null` while not yet reached
+      type: [string, "null"]
+      format: date-time
+      pattern: "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z$"
+
+    Progress:
+      description: Counts of the job's nodes per state; `done` counts the settled ones.
+      type: object
+      additionalProperties: false
+      required: [total, pending, running, succeeded, failed, cancelled, skipped, done, percent]
+      properties:
+        total: { type: integer, minimum: 0 }
+        pending: { type: integer, minimum: 0 }
+        running: { type: integer, minimum: 0 }
+        succeeded: { type: integer, minimum: 0 }
+        failed: { type: integer, minimum: 0 }
+        cancelled: { type: integer, minimum: 0 }
+        skipped: { type: integer, minimum: 0 }
+        done: { type: integer, minimum: 0 }
+        percent:
+          description: "`done` / `total` × 100, one decimal"
+          type: number
+          minimum: 0
+          maximum: 100
+
+    JobFields:
+      description: The fields of a job (API.md §1.4); `result` is left out of lists.
+      type: object
+      additionalProperties: false
+      required: [id, name, state, created_at, started_at, finished_at, progress, error, metadata, version]
+      properties:
+        id:
+          description: opaque; sorts by creation time
+          type: string
+          minLength: 1
+        name:
+          type: [string, "null"]
+        state:
+          $ref: "#/components/schemas/State"
+        created_at:
+          $ref: "#/components/schemas/Timestamp"
+        started_at:
+          $ref: "#/components/schemas/NullableTimestamp"
+        finished_at:
+          $ref: "#/components/schemas/NullableTimestamp"
+        progress:
+          $ref: "#/components/schemas/Progress"
+        result:
+          description: the root's result once the job succeeded, else `null`
+        error:
+          description: the root's error once the job failed or was cancelled, else `null`
+          oneOf:
+            - type: "null"
+            - $ref: "#/components/schemas/NodeError"
+        metadata:
+          description: the submitted `metadata`, unchanged, or `null`
+          type: [object, "null"]
+        version:
+          description: grows by at least one at every change of any node's state
+          type: integer
+          format: int64
+          minimum: 1
+
+    Job:
+      description: A job, with `result`.
+      allOf:
+        - $ref: "#/components/schemas/JobFields"
+        - required: [result]
+
+    JobSummary:
+      description: A job in a list, without `result`.
+      allOf:
+        - $ref: "#/components/schemas/JobFields"
+        - not:
+            required: [result]
+
+    JobList:
+      type: object
+      additionalProperties: false
+      required: [jobs, next_cursor]
+      properties:
+        jobs:
+          type: array
+          items:
+            $ref: "#/components/schemas/JobSummary"
+        next_cursor:
+          description: pass as `cursor` for the next page; `null` on the last page
+          type: [string, "null"]
+
+    # ---------------------------------------------------------------- nodes
+    Node:
+      description: A node of a job as it runs (API.md §2).
+      type: object
+      additionalProperties: false
+      required: [id, parent, type, state, attempts, started_at, finished_at, elapsed_ms, status, error, recovered]
+      properties:
+        id:
+          type: string
+          minLength: 1
+        parent:
+          description: the parent's id; `null` for the root
+          type: [string, "null"]
+        type:
+          type: string
+          enum: [fetch, list, sequence]
+        state:
+          $ref: "#/components/schemas/State"
+        attempts:
+          description: HTTP attempts made (fetch nodes); 0 for list and sequence nodes
+          type: integer
+          minimum: 0
+        started_at:
+          $ref: "#/components/schemas/NullableTimestamp"
+        finished_at:
+          $ref: "#/components/schemas/NullableTimestamp"
+        elapsed_ms:
+          description: from start to settling (or until now while running); `null` before it started
+          type: [integer, "null"]
+          minimum: 0
+        status:
+          description: the HTTP status of a fetch's last response; `null` for other nodes or before a response
+          type: [integer, "null"]
+          minimum: 100
+          maximum: 599
+        error:
+          description: the node's error once it failed or was cancelled; `null` otherwise (also for `skipped` nodes and when recovered)
+          oneOf:
+            - type: "null"
+            - $ref: "#/components/schemas/NodeError"
+        recovered:
+          description: true when the node failed and succeeded with its `recover` value
+          type: boolean
+        result:
+          description: the node's result once it succeeded, else `null`; present only with `include=result` or for one node
+    NodeWithResult:
+      allOf:
+        - $ref: "#/components/schemas/Node"
+        - required: [result]
+
+    NodeList:
+      type: object
+      additionalProperties: false
+      required: [nodes]
+      properties:
+        nodes:
+          type: array
+          minItems: 1
+          items:
+            $ref: "#/components/schemas/Node"
+
+    NodeError:
+      description: |
+        A node's or job's failure (API.md §1.3). `node` names the node that
+        failed first; `status` is set for `http_status`; `errors` holds each
+        child's error in child order for `all_failed`.
+      type: object
+      additionalProperties: false
+      required: [kind, message]
+      properties:
+        kind:
+          type: string
+          enum: [http_status, timeout, connect, dns, tls, too_large, invalid_json, cancelled, all_failed, interrupted, internal]
+        message:
+          type: string
+        node:
+          type: string
+        status:
+          type: integer
+          minimum: 100
+          maximum: 599
+        errors:
+          type: array
+          items:
+            $ref: "#/components/schemas/NodeError"
+
+    # ---------------------------------------------------------------- API errors
+    ApiError:
+      description: An error of the API itself (API.md §3).
+      type: object
+      additionalProperties: false
+      required: [error]
+      properties:
+        error:
+          type: object
+          additionalProperties: false
+          required: [code, message]
+          properties:
+            code:
+              type: string
+              enum:
+                - bad_request
+                - malformed_json
+                - unauthorized
+                - not_found
+                - method_not_allowed
+                - conflict
+                - payload_too_large
+                - uri_too_long
+                - unsupported_media_type
+                - invalid_graph
+                - too_many_jobs
+                - headers_too_large
+                - shutting_down
+                - internal
+            message:
+              type: string
+            path:
+              description: a JSON Pointer into the request body (for `invalid_graph`)
+              type: string
+            details:
+              description: every problem found (for `invalid_graph`), each with its JSON Pointer
+              type: array
+              items:
+                type: object
+                additionalProperties: false
+                required: [path, message]
+                properties:
+                  path:
+                    type: string
+                  message:
+                    type: string
 
 """#
