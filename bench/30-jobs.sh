@@ -62,7 +62,7 @@ submit_cmd="wrk -t2 -c32 -d$DURATION -s post.lua http://127.0.0.1:PORT/v1/jobs"
 out=$(wrk -t2 -c32 -d"$DURATION" -s "$tmp/post.lua" "http://127.0.0.1:$server_port/v1/jobs")
 echo "$out" >&2
 total=$(echo "$out" | awk '/requests in/ {print $1}')
-secs=$(echo "$out" | awk '/requests in/ {gsub("s,","",$5); print $5}')
+secs=$(echo "$out" | awk '/requests in/ {gsub("s,","",$4); print $4}')
 non2xx=$(echo "$out" | awk '/Non-2xx/ {print $5}')
 accepted_rps=$(python3 -c "print(round(($total - ${non2xx:-0}) / $secs, 1))")
 stored=$(sqlite3 "$tmp/a.sqlite" "SELECT count(*) FROM jobs")

@@ -25,6 +25,8 @@ public final class Engine: @unchecked Sendable {
     private var idGenerator = JobIDGenerator()
     private var shuttingDown = false
     private var sweepTimer: DispatchSourceTimer?
+    /// Settled jobs change no more (but for deletion): the most recently read stay in memory.
+    private let settledJobs = SettledJobCache(capacity: 1024)
 
     /// - Parameters:
     ///   - store: where jobs live.
@@ -194,7 +196,10 @@ public final class Engine: @unchecked Sendable {
     /// The job, live while it runs.
     public func job(id: String) throws -> JobRecord? {
         if let live = queue.sync(execute: { runs[id]?.record }) { return live }
-        return try store.job(id: id)
+        if let settled = settledJobs[id] { return settled }
+        let job = try store.job(id: id)
+        if let job, job.state.isSettled { settledJobs.insert(job) }
+        return job
     }
 
     /// Jobs newest first, with live state for running ones.
@@ -294,6 +299,7 @@ public final class Engine: @unchecked Sendable {
             return nil
         }
         if let active { return .active(active) }
+        settledJobs.remove(id)
         try store.flush()
         return try store.deleteJob(id: id) ? .deleted : .notFound
     }
@@ -442,6 +448,7 @@ public final class Engine: @unchecked Sendable {
     private func forget(_ run: JobRun) {
         guard runs[run.id] === run else { return }
         runs[run.id] = nil
+        if run.record.state.isSettled, !run.stopping { settledJobs.insert(run.record) }
         if !run.record.state.isSettled { unsettledJobs -= 1 }
         fetchQueue.removeJob(run.id)
     }
@@ -464,6 +471,7 @@ public final class Engine: @unchecked Sendable {
         let cutoff = Timestamp.nowMs() - configuration.retentionMs
         do {
             let n = try store.sweep(finishedBeforeMs: cutoff)
+            if n > 0 { settledJobs.removeAll() }
             if n > 0 { logger.info("retention sweep", ["deleted": .int(n)]) }
             return n
         } catch {
@@ -510,5 +518,46 @@ final class Waiter: Cancellable, @unchecked Sendable {
         lock.withLock { callback = nil }
         timer?.cancel()
         engine?.removeWaiter(self, jobID: jobID)
+    }
+}
+
+/// A bounded map of settled jobs by id, oldest entry evicted first. Thread-safe.
+final class SettledJobCache: @unchecked Sendable {
+    private let capacity: Int
+    private let lock = NSLock()
+    private var jobs: [String: JobRecord] = [:]
+    private var order: [String] = []
+    private var head = 0
+
+    init(capacity: Int) { self.capacity = capacity }
+
+    subscript(id: String) -> JobRecord? { lock.withLock { jobs[id] } }
+
+    /// Keeps `job` without its submitted request, which reads never show.
+    func insert(_ job: JobRecord) {
+        var job = job
+        job.request = .null
+        lock.withLock {
+            if jobs.updateValue(job, forKey: job.id) != nil { return }
+            order.append(job.id)
+            if order.count - head > capacity {
+                jobs[order[head]] = nil
+                head += 1
+                if head > capacity {
+                    order.removeFirst(head)
+                    head = 0
+                }
+            }
+        }
+    }
+
+    func remove(_ id: String) { lock.withLock { _ = jobs.removeValue(forKey: id) } }
+
+    func removeAll() {
+        lock.withLock {
+            jobs.removeAll()
+            order.removeAll()
+            head = 0
+        }
     }
 }
