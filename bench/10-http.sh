@@ -3,6 +3,7 @@
 # in the same run. Prints a markdown section on stdout; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 DURATION=${BENCH_DURATION:-10s}
 THREADS=2
@@ -21,59 +22,17 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-
-wait_for() {
-    for _ in $(seq 1 100); do
-        curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "not answering: $1" >&2
-    return 1
-}
-
-# wrk's "Requests/sec:" line, as a plain number.
-rps() { awk '/^Requests\/sec:/ {print $2}'; }
-
 # The same 300 bytes the bench server sends.
-mkdir -p "$tmp/www/bench" "$tmp/logs" "$tmp/client_body" "$tmp/proxy" "$tmp/fastcgi" "$tmp/uwsgi" "$tmp/scgi"
+mkdir -p "$tmp/www/bench"
 python3 - "$tmp/www/bench/json" <<'PY'
 import sys
 head = '{"id":"01JEXAMPLE7K3M2Q9R8T6V5W4X","state":"succeeded","progress":{"total":3,"done":3,"percent":100.0},"padding":"'
 tail = '"}'
 open(sys.argv[1], "w").write(head + "x" * (300 - len(head) - len(tail)) + tail)
 PY
-# mktemp -d is 0700; nginx workers drop root privileges and must be able to read the file.
-chmod 755 "$tmp" "$tmp/www" "$tmp/www/bench"
+chmod 755 "$tmp/www/bench"
 chmod 644 "$tmp/www/bench/json"
-
-nginx_port=$(free_port)
-cat >"$tmp/nginx.conf" <<CONF
-worker_processes auto;
-daemon off;
-pid $tmp/nginx.pid;
-error_log $tmp/logs/error.log warn;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    default_type application/json;
-    client_body_temp_path $tmp/client_body;
-    proxy_temp_path $tmp/proxy;
-    fastcgi_temp_path $tmp/fastcgi;
-    uwsgi_temp_path $tmp/uwsgi;
-    scgi_temp_path $tmp/scgi;
-    keepalive_requests 100000;
-    server {
-        listen 127.0.0.1:$nginx_port;
-        root $tmp/www;
-        location = /bench/json { default_type application/json; }
-    }
-}
-CONF
-nginx -p "$tmp" -c "$tmp/nginx.conf" -e "$tmp/logs/error.log" >&2 &
-nginx_pid=$!
+start_nginx "$tmp/www"
 wait_for "http://127.0.0.1:$nginx_port/bench/json"
 
 server_port=$(free_port)

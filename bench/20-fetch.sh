@@ -6,6 +6,7 @@
 # the median is reported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 N=${N:-1000}
 CONCURRENCY=${CONCURRENCY:-64}
 RUNS=${RUNS:-5}
@@ -25,10 +26,7 @@ echo "building FetchBench (release)" >&2
 swift build -c release --product FetchBench >&2
 bench_bin=$(swift build -c release --show-bin-path)/FetchBench
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
-mkdir -p "$tmp/www" "$tmp/logs"
-# Run as root, nginx's workers drop to an unprivileged user that must read the files.
-chmod 755 "$tmp" "$tmp/www"
+mkdir -p "$tmp/www"
 python3 - "$tmp/www/data.json" <<'PY'
 import sys
 # A JSON object of exactly 1024 bytes.
@@ -37,35 +35,9 @@ assert len(body) == 1024
 open(sys.argv[1], "w").write(body)
 PY
 chmod 644 "$tmp/www/data.json"
-cat >"$tmp/nginx.conf" <<CONF
-worker_processes auto;
-daemon off;
-pid $tmp/nginx.pid;
-error_log $tmp/logs/error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 100000;
-  keepalive_timeout 60s;
-  client_body_temp_path $tmp/client_body;
-  proxy_temp_path $tmp/proxy;
-  fastcgi_temp_path $tmp/fastcgi;
-  uwsgi_temp_path $tmp/uwsgi;
-  scgi_temp_path $tmp/scgi;
-  types { application/json json; }
-  server {
-    listen 127.0.0.1:$port;
-    root $tmp/www;
-  }
-}
-CONF
-nginx -p "$tmp" -e "$tmp/logs/error.log" -c "$tmp/nginx.conf" &
-nginx_pid=$!
-for _ in $(seq 1 100); do
-  curl -sf -o /dev/null "http://127.0.0.1:$port/data.json" && break
-  sleep 0.05
-done
-curl -sf -o /dev/null "http://127.0.0.1:$port/data.json" || { echo "nginx did not start" >&2; tail -5 "$tmp/logs/error.log" >&2; exit 1; }
+start_nginx "$tmp/www"
+port=$nginx_port
+wait_for "http://127.0.0.1:$port/data.json" || { tail -5 "$tmp/logs/error.log" >&2; exit 1; }
 
 : >"$tmp/urls.txt"
 : >"$tmp/curl.conf"
@@ -103,7 +75,7 @@ verdict=$(awk -v r="$ratio" 'BEGIN{print (r <= 1.25) ? "met" : "missed"}')
 cat <<MD
 ## Fetcher: $N fetches of a 1 KiB JSON file, $CONCURRENCY at a time
 
-nginx $(nginx -v 2>&1 | sed 's|.*/||') on 127.0.0.1 (\`worker_processes auto\`, \`access_log off\`,
+nginx $(nginx_version) on 127.0.0.1 (\`worker_processes auto\`, \`access_log off\`,
 \`keepalive_requests 100000\`); both clients fetch the same $N URLs
 (\`/data.json?i=1…$N\`). Wall time of the whole process, median of $RUNS runs, each run
 curl then FetchBench.
