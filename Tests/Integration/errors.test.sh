@@ -31,7 +31,7 @@ for q in "/v1/jobs/$done_id?wait=61" "/v1/jobs/$done_id?wait=-1" "/v1/jobs/$done
          "/v1/jobs/$done_id?wait=1&since=abc" "/v1/jobs/$done_id?since=abc" "/v1/jobs/$done_id?wait=1&since=-1" \
          '/v1/jobs?limit=0' '/v1/jobs?limit=501' '/v1/jobs?limit=abc' '/v1/jobs?limit=-5' \
          '/v1/jobs?state=bogus' '/v1/jobs?state=RUNNING' \
-         '/v1/jobs?cursor=%21%21garbage%21%21' '/v1/jobs?cursor=zzzz' \
+         '/v1/jobs?cursor=garbage' '/v1/jobs?cursor=%21%21garbage%21%21' \
          "/v1/jobs/$done_id/nodes?include=bogus"; do
   t0="$(millis)"
   api GET "$q"
