@@ -16,6 +16,7 @@ test:
 	@scripts/ensure-deps.sh test
 	swift build --build-tests
 	swift test --disable-swift-testing
+	scripts/check-openapi.sh
 	Tests/Integration/run.sh
 
 bench:

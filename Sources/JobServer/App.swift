@@ -322,7 +322,7 @@ final class App: @unchecked Sendable {
 
     private func health(_ exchange: Exchange) {
         if isShuttingDown {
-            exchange.send(Self.json(503, .object([JSONMember("status", "shutting_down")])))
+            exchange.send(Self.error(503, "shutting_down", "the server is shutting down"))
         } else {
             exchange.send(Self.json(200, .object([JSONMember("status", "ok")])))
         }

@@ -20,7 +20,9 @@ info:
     ## Protocol
     HTTP/1.1 per RFC 9110/9112. `HEAD` works wherever `GET` does (same status
     and headers, no body); it is not listed per route. Every response carries
-    `Date` and `X-Request-Id`. Absolute-form targets (`GET http://host/v1/jobs`)
+    `Date`; every response of a route below also carries `X-Request-Id` (errors
+    the HTTP layer answers before routing, such as `400`, `413`, `414` and `431`,
+    do not). Absolute-form targets (`GET http://host/v1/jobs`)
     are accepted. A request without `Host` (or with two), or with whitespace
     between a header name and its colon, is `400 bad_request`; a request target
     over the limit is `414 uri_too_long`; request headers over the limit are
@@ -48,8 +50,8 @@ info:
     - An `Idempotency-Key` is remembered as long as the job it created exists
       (until `DELETE` or retention removes it). "The same body" means the same
       bytes.
-    - A fetch's `max_bytes` above the server's `--max-response-bytes` does not
-      raise the limit: the smaller of the two applies.
+    - A fetch's `max_bytes` above the server's `--max-response-bytes` is
+      refused at submit (`422`): a job never asks for more than the server allows.
     - `recover` is applied when the key is present, even with the value `null`.
     - `/healthz` answers `503` with the `ApiError` object (code
       `shutting_down`) while shutting down. From the moment shutdown begins a
@@ -963,7 +965,7 @@ components:
             The largest response body accepted; a larger one fails with kind
             `too_large` and is never buffered whole. A response of exactly
             `max_bytes` bytes succeeds. Default, and upper bound: the server's
-            `--max-response-bytes` (the smaller of the two applies).
+            `--max-response-bytes`; a larger value is refused with `422`.
           type: integer
           minimum: 0
           format: int64

@@ -355,7 +355,7 @@ final class AppRouteTests: XCTestCase {
         harness.app.beginShutdown()
         let health = harness.call(.health)
         XCTAssertEqual(health.status, 503)
-        XCTAssertEqual(health.text, #"{"status":"shutting_down"}"#)
+        XCTAssertEqual(health.errorCode, "shutting_down")
         let submit = harness.call(.submitJob, body: fetchJob(upstream.url("/json")))
         XCTAssertEqual(submit.status, 503)
         XCTAssertEqual(submit.errorCode, "shutting_down")
