@@ -130,6 +130,89 @@ final class ServiceEndToEndTests: XCTestCase {
     }
 }
 
+extension ServiceEndToEndTests {
+    /// 1,000 long-polls on one running job: they hold no thread while they wait, and are answered as soon as the
+    /// job settles.
+    func testThousandLongPollsHoldFewThreadsAndAnswerPromptly() throws {
+        try startService()
+        let created = try RawHTTPClient.send(
+            port: port, "POST", "/v1/jobs", headers: [("Content-Type", "application/json")],
+            body: #"{"graph":{"type":"fetch","url":"\#(upstream.url("/delay/1500"))"}}"#)
+        XCTAssertEqual(created.status, 201, created.text)
+        let location = try XCTUnwrap(created.header("Location"))
+        let threadsBefore = try Self.threadCount()
+
+        var fds: [Int32] = []
+        defer { for fd in fds { close(fd) } }
+        let request = Array("GET \(location)?wait=30 HTTP/1.1\r\nHost: test\r\n\r\n".utf8)
+        for _ in 0..<1000 {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            guard fd >= 0 else { return XCTFail("socket: errno \(errno)") }
+            fds.append(fd)
+            var addr = sockaddr_in()
+            addr.sin_family = sa_family_t(AF_INET)
+            addr.sin_port = in_port_t(UInt16(port).bigEndian)
+            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
+            let connected = withUnsafePointer(to: &addr) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard connected == 0 else { return XCTFail("connect: errno \(errno)") }
+            XCTAssertEqual(request.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }, request.count)
+        }
+        Thread.sleep(forTimeInterval: 0.2)
+        let threadsWaiting = try Self.threadCount()
+        XCTAssertLessThanOrEqual(threadsWaiting - threadsBefore, 4, "1,000 long-polls took \(threadsWaiting - threadsBefore) threads")
+
+        // Collect every answer with the time it arrived.
+        var arrivals: [Int64] = []
+        var pending = Set(fds.indices)
+        var buffers = Array(repeating: [UInt8](), count: fds.count)
+        let deadline = Date().addingTimeInterval(20)
+        while !pending.isEmpty, Date() < deadline {
+            var pfds = pending.map { pollfd(fd: fds[$0], events: Int16(POLLIN), revents: 0) }
+            let ready = poll(&pfds, nfds_t(pfds.count), 200)
+            guard ready > 0 else { continue }
+            let now = Timestamp.nowMs()
+            for (k, index) in pending.enumerated() where pfds[k].revents != 0 {
+                var chunk = [UInt8](repeating: 0, count: 8192)
+                let n = read(fds[index], &chunk, chunk.count)
+                if n > 0 { buffers[index] += chunk[0..<n] }
+                let text = String(decoding: buffers[index], as: UTF8.self)
+                if n <= 0 || (text.contains("\r\n\r\n") && text.hasSuffix("}")) {
+                    arrivals.append(now)
+                    pending.remove(index)
+                }
+            }
+        }
+        XCTAssertTrue(pending.isEmpty, "\(pending.count) long-polls were never answered")
+        let settled = try RawHTTPClient.send(port: port, "GET", location)
+        XCTAssertEqual(settled.json?["state"], "succeeded")
+        let finished = try XCTUnwrap(settled.json?["finished_at"]?.stringValue)
+        let finishedMs = try XCTUnwrap(Self.parseTimestamp(finished))
+        let delays = arrivals.map { $0 - finishedMs }.sorted()
+        let first = try XCTUnwrap(delays.first)
+        let median = delays[delays.count / 2]
+        XCTAssertLessThanOrEqual(first, 50, "the first long-poll answered \(first) ms after the change")
+        XCTAssertLessThanOrEqual(median, 200, "half the long-polls answered more than \(median) ms after the change")
+        print("long-polls: first answer \(first) ms, median \(median) ms, last \(delays.last ?? 0) ms after the change; \(threadsWaiting - threadsBefore) threads added while waiting")
+    }
+
+    static func threadCount() throws -> Int {
+        let status = try String(contentsOfFile: "/proc/self/status", encoding: .utf8)
+        for line in status.split(separator: "\n") where line.hasPrefix("Threads:") {
+            if let n = Int(line.dropFirst("Threads:".count).trimmingCharacters(in: .whitespaces)) { return n }
+        }
+        throw UpstreamError("no Threads line in /proc/self/status")
+    }
+
+    /// `2026-12-02T08:11:28.123Z` as milliseconds since the epoch.
+    static func parseTimestamp(_ text: String) -> Int64? {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.date(from: text).map { Int64(($0.timeIntervalSince1970 * 1000).rounded()) }
+    }
+}
+
 /// Hands a wire response over from the client thread.
 final class WireBox: @unchecked Sendable {
     private let lock = NSLock()
