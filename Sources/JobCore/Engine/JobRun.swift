@@ -18,6 +18,8 @@ final class JobRun: @unchecked Sendable {
     let subtreeEnd: [Int]
     /// Transfers in flight, by node.
     var transfers: [Int: FetchHandle] = [:]
+    /// What drives a running list with `concurrency` or a running sequence, by node; dropped when the node settles.
+    var runners: [Int: AnyObject] = [:]
     /// Fetch nodes that were in flight, not idempotent, when the server stopped.
     var interrupted: Set<Int> = []
     /// Attempts made before a restart, by node.
@@ -198,7 +200,9 @@ final class JobRun: @unchecked Sendable {
         let children = graph.nodes[i].children
         let childDeferreds: [Deferred]
         if let limit = options.concurrency, limit < children.count {
-            childDeferreds = ListWindow(run: self, children: children, limit: limit).placeholders
+            let window = ListWindow(run: self, children: children, limit: limit)
+            runners[i] = window
+            childDeferreds = window.placeholders
         } else {
             childDeferreds = children.map { start($0) }
         }
@@ -245,7 +249,9 @@ final class JobRun: @unchecked Sendable {
 
     private func startSequence(_ i: Int, _ options: SequenceOptions) -> Deferred {
         markRunning(i)
-        return SequenceRun(run: self, children: graph.nodes[i].children, continueOnError: options.continueOnError).deferred
+        let sequence = SequenceRun(run: self, children: graph.nodes[i].children, continueOnError: options.continueOnError)
+        runners[i] = sequence
+        return sequence.deferred
     }
 
     /// Ends every unstarted node of the subtree of `i` in `state` (`cancelled` or `skipped`).
@@ -262,6 +268,7 @@ final class JobRun: @unchecked Sendable {
 
     private func settle(_ i: Int, with result: Any?) {
         deferreds[i] = nil
+        runners[i] = nil
         guard !stopping, !nodes[i].state.isSettled else { return }
         let now = Timestamp.nowMs()
         let state: NodeState
@@ -362,6 +369,20 @@ final class JobRun: @unchecked Sendable {
     }
 }
 
+/// A canceller that hands the cancellation to `owner` while it lives; once it is gone there is nothing left to
+/// stop, and the Deferred just fails with the cancellation.
+private func forwardingCanceller<Owner: AnyObject>(
+    to owner: Owner, _ cancel: @escaping (Owner, Deferred) -> Void
+) -> (Deferred) -> Void {
+    { [weak owner] d in
+        if let owner {
+            cancel(owner, d)
+        } else if !d.isCalled {
+            _ = try? d.takeError(Failure.cancellation())
+        }
+    }
+}
+
 /// A list with `concurrency`: children wait behind stand-in Deferreds until a slot frees.
 private final class ListWindow {
     unowned let run: JobRun
@@ -378,13 +399,7 @@ private final class ListWindow {
         self.children = children
         self.limit = limit
         placeholders = children.indices.map { k in
-            Deferred(canceller: { [weak self] d in
-                if let self {
-                    self.cancelChild(k, d)
-                } else if !d.isCalled {
-                    _ = try? d.takeError(Failure.cancellation())
-                }
-            })
+            Deferred(canceller: forwardingCanceller(to: self) { $0.cancelChild(k, $1) })
         }
         // The placeholders keep the window alive until the list is done with them.
         for (k, child) in children.enumerated() { run.deferreds[child] = placeholders[k] }
@@ -436,7 +451,7 @@ private final class SequenceRun {
     unowned let run: JobRun
     let children: [Int]
     let continueOnError: Bool
-    var deferred: Deferred!
+    private(set) lazy var deferred = Deferred(canceller: forwardingCanceller(to: self) { $0.cancel($1) })
     var results: [JSONValue] = []
     var index = 0
     var waiting = false
@@ -448,13 +463,6 @@ private final class SequenceRun {
         self.run = run
         self.children = children
         self.continueOnError = continueOnError
-        self.deferred = Deferred(canceller: { [weak self] d in
-            if let self {
-                self.cancel(d)
-            } else if !d.isCalled {
-                _ = try? d.takeError(Failure.cancellation())
-            }
-        })
         pump()
     }
 
