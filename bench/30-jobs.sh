@@ -18,14 +18,7 @@ RESUME=${RESUME_JOBS:-10000}
 swift build -c release --product jobserver >&2
 BIN=$(swift build -c release --show-bin-path)/jobserver
 
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT INT TERM
+bench_setup
 
 # A server that never answers: every fetch of the big job stays pending or in flight.
 python3 Tests/Fixtures/upstream.py --port 0 >"$tmp/upstream.out" 2>/dev/null &

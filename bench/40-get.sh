@@ -9,14 +9,7 @@ DURATION=${BENCH_DURATION:-10s}
 swift build -c release --product jobserver >&2
 BIN=$(swift build -c release --show-bin-path)/jobserver
 
-tmp=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$tmp"
-}
-trap cleanup EXIT INT TERM
+bench_setup
 
 server_port=$(free_port)
 "$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$tmp/jobs.sqlite" --log-level error 2>/dev/null &

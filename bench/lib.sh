@@ -1,5 +1,20 @@
 # Shared helpers for the bench/NN-*.sh scripts: sourced, not run.
-# Each script sets `tmp` (a temp dir) before calling start_nginx.
+# Each script sets `tmp` (a temp dir) before calling start_nginx, or calls
+# bench_setup, which makes it.
+
+# bench_setup: a temp dir in $tmp, and a trap that kills every process whose
+# PID is in $pids and removes $tmp, whatever way the script ends.
+bench_setup() {
+    tmp=$(mktemp -d)
+    pids=()
+    trap _bench_cleanup EXIT INT TERM
+}
+
+_bench_cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$tmp"
+}
 
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'

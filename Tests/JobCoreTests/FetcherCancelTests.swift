@@ -4,20 +4,7 @@ import TestSupport
 import XCTest
 
 /// Cancellation reaches transfers in flight at once.
-final class FetcherCancelTests: XCTestCase {
-    private var upstream: Upstream!
-    private var fetcher: Fetcher!
-
-    override func setUpWithError() throws {
-        upstream = try Upstream.start()
-        fetcher = try Fetcher(configuration: FetcherConfiguration())
-    }
-
-    override func tearDown() {
-        fetcher?.shutdown()
-        upstream?.stop()
-    }
-
+final class FetcherCancelTests: FetcherTestCase {
     private func waitForActive(_ n: Int) throws {
         let deadline = Date().addingTimeInterval(5)
         while try upstream.stats()["active"]?.intValue != n {

@@ -4,20 +4,7 @@ import TestSupport
 import XCTest
 
 /// Body limits, redirects, denied addresses and connection limits.
-final class FetcherLimitsTests: XCTestCase {
-    private var upstream: Upstream!
-    private var fetcher: Fetcher!
-
-    override func setUpWithError() throws {
-        upstream = try Upstream.start()
-        fetcher = try Fetcher(configuration: FetcherConfiguration())
-    }
-
-    override func tearDown() {
-        fetcher?.shutdown()
-        upstream?.stop()
-    }
-
+final class FetcherLimitsTests: FetcherTestCase {
     func testResponseOfExactlyMaxBytesSucceedsAndOneByteMoreFails() throws {
         for chunked in [false, true] {
             let suffix = chunked ? "?chunked=1" : ""

@@ -4,20 +4,7 @@ import TestSupport
 import XCTest
 
 /// Retries: which failures, which methods, backoff and Retry-After.
-final class FetcherRetryTests: XCTestCase {
-    private var upstream: Upstream!
-    private var fetcher: Fetcher!
-
-    override func setUpWithError() throws {
-        upstream = try Upstream.start()
-        fetcher = try Fetcher(configuration: FetcherConfiguration())
-    }
-
-    override func tearDown() {
-        fetcher?.shutdown()
-        upstream?.stop()
-    }
-
+final class FetcherRetryTests: FetcherTestCase {
     private func counter(_ key: String) throws -> Int? {
         try upstream.stats()["counters"]?[key]?.intValue
     }

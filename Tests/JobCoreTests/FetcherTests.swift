@@ -57,10 +57,10 @@ extension FetchOutcome {
     var error: NodeError? { if case .failure(let e) = result { return e } else { return nil } }
 }
 
-/// Responses, fields, body modes and the error kinds of single fetches.
-final class FetcherTests: XCTestCase {
-    private var upstream: Upstream!
-    private var fetcher: Fetcher!
+/// A fetcher with the default configuration and the upstream fixture, fresh for each test.
+class FetcherTestCase: XCTestCase {
+    var upstream: Upstream!
+    var fetcher: Fetcher!
 
     override func setUpWithError() throws {
         upstream = try Upstream.start()
@@ -71,7 +71,10 @@ final class FetcherTests: XCTestCase {
         fetcher?.shutdown()
         upstream?.stop()
     }
+}
 
+/// Responses, fields, body modes and the error kinds of single fetches.
+final class FetcherTests: FetcherTestCase {
     func testJSONResponseReportsEveryField() throws {
         let url = upstream.url("/json")
         let outcome = try XCTUnwrap(fetchAndWait(fetcher, FetchRequest(url: url)))

@@ -146,17 +146,8 @@ extension ServiceEndToEndTests {
         defer { for fd in fds { close(fd) } }
         let request = Array("GET \(location)?wait=30 HTTP/1.1\r\nHost: test\r\n\r\n".utf8)
         for _ in 0..<1000 {
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            guard fd >= 0 else { return XCTFail("socket: errno \(errno)") }
+            let fd = try RawHTTPClient.connect(port: port)
             fds.append(fd)
-            var addr = sockaddr_in()
-            addr.sin_family = sa_family_t(AF_INET)
-            addr.sin_port = in_port_t(UInt16(port).bigEndian)
-            addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-            let connected = withUnsafePointer(to: &addr) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-            }
-            guard connected == 0 else { return XCTFail("connect: errno \(errno)") }
             XCTAssertEqual(request.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }, request.count)
         }
         Thread.sleep(forTimeInterval: 0.2)

@@ -22,23 +22,35 @@ enum RawHTTPClientError: Error {
 
 /// One request per connection (`Connection: close`), blocking, with a receive timeout.
 enum RawHTTPClient {
-    static func send(
-        port: Int, _ method: String, _ target: String, headers: [(String, String)] = [], body: String? = nil,
-        timeoutSeconds: Int = 10
-    ) throws -> WireResponse {
+    /// A blocking TCP connection to 127.0.0.1:`port`; the caller closes it.
+    static func connect(port: Int) throws -> Int32 {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw RawHTTPClientError.connect(errno) }
-        defer { close(fd) }
-        var timeout = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var addr = sockaddr_in()
         addr.sin_family = sa_family_t(AF_INET)
         addr.sin_port = in_port_t(UInt16(port).bigEndian)
         addr.sin_addr.s_addr = inet_addr("127.0.0.1")
         let connected = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
         }
-        guard connected == 0 else { throw RawHTTPClientError.connect(errno) }
+        guard connected == 0 else {
+            let error = errno
+            close(fd)
+            throw RawHTTPClientError.connect(error)
+        }
+        return fd
+    }
+
+    static func send(
+        port: Int, _ method: String, _ target: String, headers: [(String, String)] = [], body: String? = nil,
+        timeoutSeconds: Int = 10
+    ) throws -> WireResponse {
+        let fd = try connect(port: port)
+        defer { close(fd) }
+        var timeout = timeval(tv_sec: timeoutSeconds, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var head = "\(method) \(target) HTTP/1.1\r\nHost: 127.0.0.1:\(port)\r\nConnection: close\r\n"
         for (name, value) in headers { head += "\(name): \(value)\r\n" }
         if let body { head += "Content-Length: \(body.utf8.count)\r\n" }
