@@ -37,11 +37,13 @@ start_server() {
 }
 
 # ---- (a) submissions per second vs the sqlite3 CLI
-python3 - "$tmp/job10.json" <<'PY'
+python3 - "$tmp/job10.json" "$hang_port" <<'PY'
 import json, sys
-# Nine fetches to a closed port (refused at once), under one list: 10 nodes.
-children = [{"type": "fetch", "url": "http://127.0.0.1:9/x%d" % i} for i in range(9)]
-json.dump({"name": "bench", "graph": {"type": "list", "children": children}}, open(sys.argv[1], "w"))
+# A sequence of nine fetches (10 nodes) to the server that never answers: the
+# jobs are accepted, persisted and started, and then wait in the fetch queue,
+# so the figure is about submitting, not about running fetches.
+children = [{"type": "fetch", "url": "http://127.0.0.1:%s/hang?step=%d" % (sys.argv[2], i)} for i in range(9)]
+json.dump({"name": "bench", "graph": {"type": "sequence", "children": children}}, open(sys.argv[1], "w"))
 PY
 cat >"$tmp/post.lua" <<LUA
 wrk.method = "POST"
@@ -144,7 +146,7 @@ cat <<MD
 
 ### (a) Durable submissions per second
 
-10-node jobs (a list of nine fetches), each persisted (\`synchronous=FULL\`) before its \`201\`,
+10-node jobs (a sequence of nine fetches to an upstream that never answers, so they stay queued), each persisted (\`synchronous=FULL\`) before its \`201\`,
 submitted by \`$submit_cmd\` for $DURATION; the reference is the sqlite3 CLI
 ($(sqlite3 --version | cut -d' ' -f1)) inserting the same job and node rows into a file with the same
 schema (WAL, \`synchronous=FULL\`), one transaction per job, $REF_JOBS jobs.

@@ -42,7 +42,7 @@ enum Route: CaseIterable {
 ///
 /// Handlers run on event-loop threads and never block there: plain reads go to the engine
 /// directly (fast, no fsync); routes that write or wait for the store's writer (submit,
-/// cancel, delete, list and body, which flush) run on `diskQueue`; a long-poll holds no
+/// cancel, delete, list and body, which flush) run on `diskQueues`; a long-poll holds no
 /// thread at all.
 final class App: @unchecked Sendable {
     private let engine: Engine
@@ -50,7 +50,11 @@ final class App: @unchecked Sendable {
     private let config: ServerConfig
     private let logger: Logger
     private let auth: BearerAuth?
-    private let diskQueue = DispatchQueue(label: "jobserver.disk", attributes: .concurrent)
+    /// Serial queues, each with a thread of its own while it has work: a submission blocks its thread until the
+    /// store's group commit that holds it, and concurrent submissions only share a commit if they wait at once.
+    /// (A concurrent queue would run about one blocked submission per core.)
+    private let diskQueues = (0..<32).map { DispatchQueue(label: "jobserver.disk.\($0)") }
+    private let nextDiskQueue = RoundRobinCounter()
     private let shutdownLock = NSLock()
     private var shuttingDown = false
 
@@ -128,7 +132,7 @@ final class App: @unchecked Sendable {
             return
         }
         if route.waitsForDisk {
-            diskQueue.async { [self] in answer(route, request, exchange) }
+            diskQueues[nextDiskQueue.next() % diskQueues.count].async { [self] in answer(route, request, exchange) }
         } else {
             answer(route, request, exchange)
         }
@@ -402,4 +406,17 @@ private final class CancellableBox: @unchecked Sendable {
     private let token: Cancellable
     init(_ token: Cancellable) { self.token = token }
     func cancel() { token.cancel() }
+}
+
+/// A counter several threads take numbers from.
+final class RoundRobinCounter: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value = 0
+
+    func next() -> Int {
+        lock.withLock {
+            value &+= 1
+            return value & Int.max
+        }
+    }
 }
