@@ -720,14 +720,9 @@ enum Rows {
         statement.bind(6, job.finishedAt)
         statement.bind(7, job.deadlineMs)
         statement.bind(8, job.version)
-        let p = job.progress
-        statement.bind(9, p.total)
-        statement.bind(10, p.pending)
-        statement.bind(11, p.running)
-        statement.bind(12, p.succeeded)
-        statement.bind(13, p.failed)
-        statement.bind(14, p.cancelled)
-        statement.bind(15, p.skipped)
+        statement.bind(9, job.progress.total)
+        // Parameters 10–15: the counts in `NodeState.allCases` order, as the columns are.
+        for (k, state) in NodeState.allCases.enumerated() { statement.bind(Int32(10 + k), job.progress[state]) }
         statement.bind(16, json: job.error?.json)
         statement.bind(17, json: job.metadata)
         statement.bind(18, json: job.result)
@@ -738,12 +733,7 @@ enum Rows {
         let state = try self.state(s, 2)
         var progress = Progress()
         progress.total = s.int(8)
-        progress.pending = s.int(9)
-        progress.running = s.int(10)
-        progress.succeeded = s.int(11)
-        progress.failed = s.int(12)
-        progress.cancelled = s.int(13)
-        progress.skipped = s.int(14)
+        for (k, state) in NodeState.allCases.enumerated() { progress[state] = s.int(Int32(9 + k)) }
         return JobRecord(
             id: id, name: s.string(1), state: state, createdAt: s.int64(3), startedAt: s.optionalInt64(4),
             finishedAt: s.optionalInt64(5), request: try s.json(18, maxDepth: maxJSONDepth) ?? .null,
