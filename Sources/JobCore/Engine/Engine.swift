@@ -25,6 +25,8 @@ public final class Engine: @unchecked Sendable {
     private var idGenerator = JobIDGenerator()
     private var shuttingDown = false
     private var sweepTimer: DispatchSourceTimer?
+    private var retiring: [JobRun] = []
+    private var retireScheduled = false
     /// Settled jobs change no more (but for deletion): the most recently read stay in memory.
     private let settledJobs = SettledJobCache(capacity: 1024)
 
@@ -436,12 +438,25 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// A finished job stays readable from memory until the store has committed its last state.
+    /// Finished jobs wait here for the commit of their last state; one flush serves all of them.
     private func retire(_ run: JobRun) {
         guard runs[run.id] === run else { return }
+        retiring.append(run)
+        guard !retireScheduled else { return }
+        retireScheduled = true
         let store = self.store
         DispatchQueue.global().async {
+            // Taken before the flush: their last states were handed to the store before they got here.
+            let batch: [JobRun] = self.queue.sync {
+                defer { self.retiring.removeAll() }
+                return self.retiring
+            }
             try? store.flush()
-            self.queue.async { self.forget(run) }
+            self.queue.async {
+                for run in batch { self.forget(run) }
+                self.retireScheduled = false
+                if let next = self.retiring.popLast() { self.retire(next) }
+            }
         }
     }
 
