@@ -542,9 +542,10 @@ final class EventLoop: @unchecked Sendable {
             listenRegistered = false
         }
         for case let connection? in connections {
-            // In flight means dispatched, being written, or its body being received; a half-received
-            // head is not worth holding the shutdown for.
-            let idle = connection.pending == nil && !connection.hasOutput && !connection.parser.isReadingBody
+            // Only connections between requests are closed: a request already begun (even half its head)
+            // is read to its end within the grace period and answered, with `Connection: close`.
+            let idle = connection.pending == nil && !connection.hasOutput && connection.parser.isIdle
+                && connection.inBuffer.isEmpty
             if idle || connection.lingering {
                 close(connection)
             }

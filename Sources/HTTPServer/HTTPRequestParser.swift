@@ -319,6 +319,7 @@ struct HTTPRequestParser {
         switch name.count {
         case 4 where bytesEqualFolded(name, "host"):
             hostCount += 1
+            if !isValidHost(value) { return .badRequest("invalid Host header") }
         case 14 where bytesEqualFolded(name, "content-length"):
             // A list of identical values ("5, 5") or repeated identical fields are allowed (RFC 9110 §8.6).
             for part in value.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false) {
@@ -465,4 +466,52 @@ private func bytesEqualFolded<C: Collection>(_ bytes: C, _ lower: StaticString) 
         i += 1
     }
     return true
+}
+
+/// `uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2): a bracketed IP literal or a reg-name of unreserved,
+/// percent-encoded and sub-delim characters, then an optional port of at most 65535. An empty value is allowed.
+func isValidHost(_ value: UnsafeRawBufferPointer) -> Bool {
+    var i = 0
+    let n = value.count
+    if n == 0 { return true }
+    if value[0] == UInt8(ascii: "[") {
+        i = 1
+        while i < n, value[i] != UInt8(ascii: "]") {
+            let c = value[i]
+            let allowed = (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x46) || (c >= 0x61 && c <= 0x66)
+                || c == UInt8(ascii: ":") || c == UInt8(ascii: ".") || c == UInt8(ascii: "v") || c == UInt8(ascii: "V")
+            if !allowed { return false }
+            i += 1
+        }
+        guard i < n, i > 1 else { return false }
+        i += 1
+    } else {
+        while i < n, value[i] != UInt8(ascii: ":") {
+            let c = value[i]
+            if c == UInt8(ascii: "%") {
+                guard i + 2 < n, isHexDigit(value[i + 1]), isHexDigit(value[i + 2]) else { return false }
+                i += 3
+                continue
+            }
+            let unreserved = (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A)
+                || c == UInt8(ascii: "-") || c == UInt8(ascii: ".") || c == UInt8(ascii: "_") || c == UInt8(ascii: "~")
+            let subDelim = Array("!$&'()*+,;=".utf8).contains(c)
+            if !unreserved && !subDelim { return false }
+            i += 1
+        }
+    }
+    if i == n { return true }
+    guard value[i] == UInt8(ascii: ":") else { return false }
+    let digits = n - i - 1
+    guard digits <= 5 else { return false }
+    var port = 0
+    for c in value[(i + 1)...] {
+        guard c >= 0x30 && c <= 0x39 else { return false }
+        port = port * 10 + Int(c - 0x30)
+    }
+    return port <= 65535
+}
+
+private func isHexDigit(_ c: UInt8) -> Bool {
+    (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x46) || (c >= 0x61 && c <= 0x66)
 }

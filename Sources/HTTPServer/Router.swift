@@ -31,6 +31,12 @@ public final class Router: @unchecked Sendable {
     /// Patterns with captures, tried in the order they were added.
     private var patternRoutes: [Route] = []
 
+    /// Answers requests no route takes, given the `404` or `405` the router would send; by default it sends
+    /// that. Lets an application answer first what must come before routing, such as a `401`.
+    public var unmatched: (HTTPRequest, HTTPResponder, HTTPResponse) -> Void = { _, responder, response in
+        responder.send(response)
+    }
+
     /// An empty router.
     public init() {}
 
@@ -94,7 +100,7 @@ public final class Router: @unchecked Sendable {
             }
         }
         if allowed.isEmpty {
-            responder.send(.error(status: 404, code: "not_found", message: "no route for \(request.path)"))
+            unmatched(request, responder, .error(status: 404, code: "not_found", message: "no route for \(request.path)"))
             return
         }
         if allowed.contains("GET") { allowed.insert("HEAD") }
@@ -102,7 +108,7 @@ public final class Router: @unchecked Sendable {
         var response = HTTPResponse.error(status: 405, code: "method_not_allowed",
                                           message: "\(request.method) is not allowed on \(request.path)")
         response.headers.add("Allow", allowed.sorted().joined(separator: ", "))
-        responder.send(response)
+        unmatched(request, responder, response)
     }
 
     private func handler(in route: Route, for method: String) -> HTTPHandler? {

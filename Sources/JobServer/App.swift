@@ -83,7 +83,19 @@ final class App: @unchecked Sendable {
                 handle(route, request, exchange)
             }
         }
+        // Without the token, an unknown route or method is a 401 too: nothing about the API shows before auth.
+        router.unmatched = { [self] request, responder, response in
+            responder.send(unauthorized(path: request.path, headers: request.headers) ?? response)
+        }
         return router
+    }
+
+    /// The `401` for a request without the configured token; `nil` when it may pass (`/healthz` always may).
+    private func unauthorized(path: String, headers: HTTPHeaders) -> HTTPResponse? {
+        guard let auth, path != Route.health.pattern, !auth.allows(headers["Authorization"]) else { return nil }
+        var response = Self.error(401, "unauthorized", "this server needs Authorization: Bearer <token>")
+        response.headers.set("WWW-Authenticate", "Bearer")
+        return response
     }
 
     /// The server settings of `config`, with the hook that counts (and, for requests that
@@ -125,10 +137,8 @@ final class App: @unchecked Sendable {
 
     /// Answers one request on `route`; every path through here sends exactly one response.
     func handle(_ route: Route, _ request: APIRequest, _ exchange: Exchange) {
-        if route != .health, let auth, !auth.allows(request.headers["Authorization"]) {
-            var response = Self.error(401, "unauthorized", "this server needs Authorization: Bearer <token>")
-            response.headers.set("WWW-Authenticate", "Bearer")
-            exchange.send(response)
+        if let refusal = unauthorized(path: request.path, headers: request.headers) {
+            exchange.send(refusal)
             return
         }
         if route.waitsForDisk {

@@ -915,7 +915,9 @@ components:
             type: string
             pattern: "^[^\\r\\n\\x00]*$"
         body:
-          description: a request body sent as is (not with `json`)
+          description: |
+            A request body sent as is (not with `json`), with no `Content-Type`
+            unless `headers` gives one.
           type: string
         json:
           description: |
@@ -925,7 +927,12 @@ components:
           description: |
             How to read the response body: `json` (invalid JSON fails with kind
             `invalid_json`), `text`, `bytes`, or `auto` (JSON if the content
-            type says JSON, text if it is text and valid UTF-8, else bytes).
+            type says JSON — `application/json` or `*+json` — and then a body
+            that does not parse fails with `invalid_json`; text if it is text
+            and valid UTF-8; else bytes). `text` on bytes that are not UTF-8
+            gives base64 rather than a failure. An empty body is empty text. The
+            body of a response that fails with `http_status` is kept however it
+            reads.
           type: string
           enum: [auto, json, text, bytes]
           default: auto

@@ -246,6 +246,24 @@ final class HTTPServerLifecycleTests: XCTestCase {
         XCTAssertLessThan(Date().timeIntervalSince(start), 3)
     }
 
+    func testARequestHalfReceivedWhenShutdownBeginsIsStillAnswered() throws {
+        let server = try TestServer()
+        let client = try RawClient(port: server.port)
+        try client.send("GET /healthz HTTP/1.1\r\nHost: t\r\n")
+        usleep(50_000)
+        let finished = expectation(description: "shutdown returned")
+        Thread {
+            _ = server.stop(grace: 3)
+            finished.fulfill()
+        }.start()
+        usleep(100_000)
+        try client.send("\r\n")
+        let response = try client.readResponse()
+        XCTAssertEqual(response.status, 200)
+        XCTAssertEqual(response.header("Connection"), "close")
+        wait(for: [finished], timeout: 5)
+    }
+
     func testShutdownGivesUpAfterTheGracePeriodAndReportsTheClose() throws {
         let server = try TestServer()
         let client = try RawClient(port: server.port)

@@ -290,6 +290,18 @@ final class HTTPServerProtocolTests: XCTestCase {
         try assertRejected("GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", status: 400, code: "bad_request")
     }
 
+    func testInvalidHostValueIs400() throws {
+        for host in ["a b", "a/b", "[::1", "a:port", "a:99999", "user@a"] {
+            try assertRejected("GET /healthz HTTP/1.1\r\nHost: \(host)\r\n\r\n", status: 400, code: "bad_request")
+        }
+    }
+
+    func testValidHostFormsAreAccepted() throws {
+        for host in ["a", "a:80", "127.0.0.1:8080", "[::1]:8080", "[::1]", "my-host.example.", "xn--bcher-kva.example"] {
+            try assertRejected("GET /missing HTTP/1.1\r\nHost: \(host)\r\n\r\n", status: 404, code: "not_found", closes: false)
+        }
+    }
+
     func testWhitespaceBetweenHeaderNameAndColonIs400() throws {
         try assertRejected("GET /healthz HTTP/1.1\r\nHost: a\r\nX-Thing : 1\r\n\r\n", status: 400, code: "bad_request")
     }

@@ -133,11 +133,11 @@ final class EngineTests: XCTestCase {
             {"type":"list","fire_on_first_result":true,"children":[
               {"type":"fetch","url":\(u("/hang"))},
               {"type":"fetch","url":\(u("/status/500"))},
-              {"type":"fetch","url":\(u("/json"))}]}
+              {"type":"fetch","url":\(u("/delay/300"))}]}
             """)
         XCTAssertEqual(job.state, .succeeded)
         XCTAssertEqual(job.result?["status"], 200)
-        XCTAssertEqual(job.result?["body"]?["ok"], true)
+        XCTAssertEqual(job.result?["body"]?["delayed_ms"], 300)
         XCTAssertEqual(nodes["root.0"]?.state, .cancelled)
         XCTAssertEqual(nodes["root.0"]?.error?.kind, .cancelled)
         XCTAssertEqual(nodes["root.1"]?.state, .failed)
@@ -389,6 +389,7 @@ final class EngineTests: XCTestCase {
               {"type":"fetch","url":\(u("/count/step3"))}]}}
             """)
         Thread.sleep(forTimeInterval: 0.4)  // step 1 done, step 2 in flight
+        let startedBefore = try XCTUnwrap(try first.job(id: job.id)?.startedAt)
         first.shutdown(gracePeriodMs: 2000)
         engines.removeAll()
         let second = try makeEngine(dbName: "resume.sqlite")
@@ -398,6 +399,9 @@ final class EngineTests: XCTestCase {
         let counters = try upstream.stats()["counters"]
         XCTAssertEqual(counters?["step1"], 1, "a settled node ran again")
         XCTAssertEqual(counters?["step3"], 1)
+        XCTAssertEqual(done.startedAt, startedBefore, "the job's start moved on restart")
+        let nodes = try nodes(second, job.id)
+        XCTAssertLessThanOrEqual(try XCTUnwrap(nodes["root"]?.startedAt), try XCTUnwrap(nodes["root.0"]?.startedAt))
     }
 
     func testRestartFailsNonIdempotentFetchesThatWereInFlight() throws {

@@ -83,6 +83,19 @@ final class ServiceEndToEndTests: XCTestCase {
         XCTAssertTrue(allow.contains("GET") && allow.contains("POST"), allow)
     }
 
+    func testWithATokenEveryRouteButHealthzNeedsIt() throws {
+        try startService { $0.token = "s3cret" }
+        for (method, target) in [("GET", "/nope"), ("PUT", "/v1/jobs"), ("GET", "/v1/jobs")] {
+            let answer = try send(method, target)
+            XCTAssertEqual(answer.status, 401, "\(method) \(target)")
+            XCTAssertEqual(answer.json?["error"]?["code"], "unauthorized")
+            XCTAssertEqual(answer.header("WWW-Authenticate"), "Bearer")
+        }
+        XCTAssertEqual(try send("GET", "/healthz").status, 200)
+        XCTAssertEqual(try send("GET", "/nope", headers: [("Authorization", "Bearer s3cret")]).status, 404)
+        XCTAssertEqual(try send("PUT", "/v1/jobs", headers: [("Authorization", "Bearer s3cret")]).status, 405)
+    }
+
     func testOversizedBodyIs413() throws {
         try startService { $0.maxRequestBytes = 100 }
         let answer = try send(

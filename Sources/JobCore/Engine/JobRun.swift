@@ -124,7 +124,8 @@ final class JobRun: @unchecked Sendable {
 
     private func markRunning(_ i: Int) {
         guard !stopping, nodes[i].state == .pending else { return }
-        nodes[i].startedAt = Timestamp.nowMs()
+        // A node running again after a restart keeps the time it first started.
+        if nodes[i].startedAt == nil { nodes[i].startedAt = Timestamp.nowMs() }
         changeState(i, to: .running)
     }
 

@@ -118,9 +118,12 @@ enum BodyDecoder {
     ///   encoding says so) rather than a failure, so no byte is lost.
     /// - `bytes`: always base64.
     /// - `auto`: JSON when the content type says JSON (`application/json`,
-    ///   `*+json`) and the body parses; text when the type is textual (or absent)
-    ///   and the bytes are UTF-8; base64 otherwise. `auto` never fails.
-    static func decode(_ raw: [UInt8], contentType: String?, expect: FetchExpect) -> Decoded {
+    ///   `*+json`), and then a body that does not parse is `invalid_json`; text
+    ///   when the type is textual (or absent) and the bytes are UTF-8; base64
+    ///   otherwise.
+    /// - Parameter strict: false for the body of a response that failed anyway
+    ///   (`http_status`): it is kept however it reads, never `invalid_json`.
+    static func decode(_ raw: [UInt8], contentType: String?, expect: FetchExpect, strict: Bool = true) -> Decoded {
         switch expect {
         case .json:
             do {
@@ -135,7 +138,14 @@ enum BodyDecoder {
             return .value((.string(Base64.encode(raw)), "base64"))
         case .auto:
             let type = mediaType(contentType)
-            if isJSON(type), let value = try? JSONValue.parse(raw) { return .value((value, "json")) }
+            // An empty body (HEAD, 204) is an empty text under any label.
+            if isJSON(type), !raw.isEmpty {
+                do {
+                    return .value((try JSONValue.parse(raw), "json"))
+                } catch {
+                    if strict { return .invalidJSON("response labelled \(type) is not valid JSON: \(error)") }
+                }
+            }
             if type.isEmpty || isTextual(type) || isJSON(type), let text = String(validating: raw, as: UTF8.self) {
                 return .value((.string(text), "text"))
             }

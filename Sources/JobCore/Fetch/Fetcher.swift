@@ -478,7 +478,8 @@ final class FetchLoop: @unchecked Sendable {
         switch request.body {
         case .text(let text)?:
             payload = Array(text.utf8)
-            if !hasContentType { add("Content-Type: text/plain; charset=utf-8") }
+            // Sent as is: no Content-Type unless the node gives one ("Content-Type:" stops curl adding its form type).
+            if !hasContentType { add("Content-Type:") }
         case .json(let value)?:
             payload = value.bytes
             if !hasContentType { add("Content-Type: application/json") }
@@ -584,7 +585,8 @@ final class FetchLoop: @unchecked Sendable {
             let elapsed = Int(Timestamp.monotonicMs() - transfer.startedMs)
             let contentType = transfer.headers.first(where: { $0.name == "content-type" })?.value
             let accepted = (200..<300).contains(statusCode) || transfer.request.acceptStatus.contains(statusCode)
-            let decoded = BodyDecoder.decode(transfer.body, contentType: contentType, expect: accepted ? transfer.request.expect : .auto)
+            let decoded = BodyDecoder.decode(
+                transfer.body, contentType: contentType, expect: accepted ? transfer.request.expect : .auto, strict: accepted)
             var response = FetchResponse(
                 status: statusCode, headers: transfer.headers, body: .null, bodyEncoding: "text", rawBody: transfer.body,
                 contentType: contentType, bytes: transfer.body.count, elapsedMs: elapsed, url: finalURL)
