@@ -161,7 +161,7 @@ final class EngineTests: XCTestCase {
         let (job, nodes) = try run(engine, """
             {"type":"list","fire_on_first_error":true,"children":[
               {"id":"slow","type":"fetch","url":\(u("/hang"))},
-              {"id":"bad","type":"fetch","url":\(u("/delay/100?x=1"))},
+              {"id":"bad","type":"fetch","url":\(u("/delay/2000?x=1"))},
               {"id":"worse","type":"fetch","url":\(u("/status/502"))}]}
             """)
         XCTAssertEqual(job.state, .failed)
@@ -188,13 +188,13 @@ final class EngineTests: XCTestCase {
         let engine = try makeEngine()
         let (first, _) = try run(engine, """
             {"type":"list","fire_on_first_result":true,"fire_on_first_error":true,"children":[
-              {"type":"fetch","url":\(u("/delay/300"))},{"type":"fetch","url":\(u("/status/500"))}]}
+              {"type":"fetch","url":\(u("/delay/2000"))},{"type":"fetch","url":\(u("/status/500"))}]}
             """)
         XCTAssertEqual(first.state, .failed)
         XCTAssertEqual(first.error?.status, 500)
         let (second, _) = try run(engine, """
             {"type":"list","fire_on_first_result":true,"fire_on_first_error":true,"children":[
-              {"type":"fetch","url":\(u("/json"))},{"type":"fetch","url":\(u("/count/late?delay_ms=300&fail=5"))}]}
+              {"type":"fetch","url":\(u("/json"))},{"type":"fetch","url":\(u("/count/late?delay_ms=2000&fail=5"))}]}
             """)
         XCTAssertEqual(second.state, .succeeded)
         XCTAssertEqual(second.result?["status"], 200)

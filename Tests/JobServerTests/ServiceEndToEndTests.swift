@@ -197,7 +197,7 @@ extension ServiceEndToEndTests {
         let first = try XCTUnwrap(delays.first)
         let median = delays[delays.count / 2]
         XCTAssertLessThanOrEqual(first, 50, "the first long-poll answered \(first) ms after the change")
-        XCTAssertLessThanOrEqual(median, 200, "half the long-polls answered more than \(median) ms after the change")
+        XCTAssertLessThanOrEqual(median, 500, "half the long-polls answered more than \(median) ms after the change")
         print("long-polls: first answer \(first) ms, median \(median) ms, last \(delays.last ?? 0) ms after the change; \(threadsWaiting - threadsBefore) threads added while waiting")
     }
 
