@@ -156,7 +156,7 @@ schema (WAL, \`synchronous=FULL\`), one transaction per job, $REF_JOBS jobs.
 | sqlite3 CLI, one transaction per job (ceiling) | $ref_rps |
 | jobserver \`POST /v1/jobs\` (201s only; $stored jobs stored) | $accepted_rps |
 
-Ratio: **$ratio_a** (target ≥ 0.5: $(verdict "$ratio_a >= 0.5")). Concurrent submissions share one commit (group commit), which is how the server can pass the one-transaction-per-job ceiling.
+Ratio: **$ratio_a** (target ≥ 0.5: $(verdict "$ratio_a >= 0.5")). Concurrent submissions share one commit and one fsync (group commit); each still waits for the commit that holds it.
 
 ### (b) Memory per pending node
 
