@@ -198,6 +198,11 @@ public final class Engine: @unchecked Sendable {
     /// The job, live while it runs.
     public func job(id: String) throws -> JobRecord? {
         if let live = queue.sync(execute: { runs[id]?.record }) { return live }
+        return try storedJob(id: id)
+    }
+
+    /// A job no longer in memory: from the cache of settled jobs, else from the store.
+    private func storedJob(id: String) throws -> JobRecord? {
         if let settled = settledJobs[id] { return settled }
         let job = try store.job(id: id)
         if let job, job.state.isSettled { settledJobs.insert(job) }
@@ -315,54 +320,59 @@ public final class Engine: @unchecked Sendable {
     public func waitForChange(
         id: String, afterVersion: Int64?, timeoutMs: Int, _ callback: @escaping @Sendable (JobRecord?) -> Void
     ) -> Cancellable? {
-        let registered: Waiter? = queue.sync { () -> Waiter? in
-            guard let run = runs[id] else { return nil }
-            let waiter = Waiter(afterVersion: afterVersion, callback: callback)
+        let waiter = Waiter(afterVersion: afterVersion, callback: callback)
+        enum Registration { case waiting, answered, notRunning(shuttingDown: Bool) }
+        let registration: Registration = queue.sync {
+            guard let run = runs[id] else { return .notRunning(shuttingDown: shuttingDown) }
             if waiter.isSatisfied(by: run.record) || shuttingDown || timeoutMs <= 0 {
                 waiter.fire(run.record)
-                return nil
+                return .answered
             }
             waiters[id, default: []].append(waiter)
-            let timer = DispatchWorkItem { [weak self, weak waiter] in
-                guard let self, let waiter, !waiter.done else { return }
-                self.waiters[id]?.removeAll { $0 === waiter }
-                if self.waiters[id]?.isEmpty == true { self.waiters[id] = nil }
-                let job = self.runs[id]?.record ?? (try? self.store.job(id: id)) ?? nil
-                waiter.fire(job)
-            }
-            waiter.timer = timer
             waiter.engine = self
             waiter.jobID = id
-            queue.asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer)
+            return .waiting
+        }
+        switch registration {
+        case .answered:
+            return nil
+        case .waiting:
+            // Runs on the queue (scheduled with `queue.asyncAfter`).
+            let timer = DispatchWorkItem { [weak self, waiter] in
+                guard let self, !waiter.done else { return }
+                self.dropWaiter(waiter, jobID: id)
+                waiter.fire(self.runs[id]?.record ?? (try? self.storedJob(id: id)) ?? nil)
+            }
+            if waiter.arm(timer) { queue.asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer) }
+            return waiter
+        case .notRunning(let shuttingDown):
+            // Not running: a settled job changes no more, except by being deleted.
+            guard let job = (try? storedJob(id: id)) ?? nil else {
+                waiter.fire(nil)
+                return nil
+            }
+            if waiter.isSatisfied(by: job) || timeoutMs <= 0 || shuttingDown {
+                waiter.fire(job)
+                return nil
+            }
+            let timer = DispatchWorkItem { [weak self, waiter] in
+                waiter.fire((try? self?.storedJob(id: id)) ?? nil)
+            }
+            if waiter.arm(timer) {
+                DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer)
+            }
             return waiter
         }
-        if let registered { return registered }
-        if queue.sync(execute: { runs[id] != nil }) { return nil }  // answered already
-        // Not running: a settled job changes no more, except by being deleted.
-        let job: JobRecord?
-        do { job = try store.job(id: id) } catch { job = nil }
-        guard let job else {
-            callback(nil)
-            return nil
-        }
-        let probe = Waiter(afterVersion: afterVersion, callback: callback)
-        if probe.isSatisfied(by: job) || timeoutMs <= 0 || queue.sync(execute: { shuttingDown }) {
-            probe.fire(job)
-            return nil
-        }
-        let timer = DispatchWorkItem { [weak probe, store] in
-            probe?.fire((try? store.job(id: id)) ?? nil)
-        }
-        probe.timer = timer
-        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer)
-        return probe
+    }
+
+    /// Forgets a waiter that will not be answered through `notifyWaiters`; on the queue.
+    private func dropWaiter(_ waiter: Waiter, jobID: String) {
+        waiters[jobID]?.removeAll { $0 === waiter }
+        if waiters[jobID]?.isEmpty == true { waiters[jobID] = nil }
     }
 
     fileprivate func removeWaiter(_ waiter: Waiter, jobID: String) {
-        queue.async {
-            self.waiters[jobID]?.removeAll { $0 === waiter }
-            if self.waiters[jobID]?.isEmpty == true { self.waiters[jobID] = nil }
-        }
+        queue.async { self.dropWaiter(waiter, jobID: jobID) }
     }
 
     // MARK: - Called by runs, on the queue
@@ -499,9 +509,10 @@ public final class Engine: @unchecked Sendable {
 /// One long-poll waiting for a job to change.
 final class Waiter: Cancellable, @unchecked Sendable {
     let afterVersion: Int64?
-    private var callback: (@Sendable (JobRecord?) -> Void)?
     private let lock = NSLock()
-    var timer: DispatchWorkItem?
+    // Both guarded by `lock`; the timer's block holds the waiter, so it is let go once the waiter is done.
+    private var callback: (@Sendable (JobRecord?) -> Void)?
+    private var timer: DispatchWorkItem?
     weak var engine: Engine?
     var jobID = ""
 
@@ -517,22 +528,37 @@ final class Waiter: Cancellable, @unchecked Sendable {
         return job.state.isSettled
     }
 
+    /// Keeps `timer` to cancel it when the waiter is done; false (and nothing kept) if it is done already.
+    func arm(_ timer: DispatchWorkItem) -> Bool {
+        lock.withLock {
+            guard callback != nil else { return false }
+            self.timer = timer
+            return true
+        }
+    }
+
     /// Answers once; later calls do nothing.
     func fire(_ job: JobRecord?) {
-        let cb: (@Sendable (JobRecord?) -> Void)? = lock.withLock {
-            let c = callback
-            callback = nil
-            return c
-        }
-        timer?.cancel()
-        cb?(job)
+        finish()?(job)
     }
 
     /// Stops waiting without answering.
     func cancel() {
-        lock.withLock { callback = nil }
-        timer?.cancel()
+        _ = finish()
         engine?.removeWaiter(self, jobID: jobID)
+    }
+
+    /// Marks the waiter done and stops its timer; returns the callback if it had not run yet.
+    private func finish() -> (@Sendable (JobRecord?) -> Void)? {
+        let (cb, timer): ((@Sendable (JobRecord?) -> Void)?, DispatchWorkItem?) = lock.withLock {
+            defer {
+                callback = nil
+                self.timer = nil
+            }
+            return (callback, self.timer)
+        }
+        timer?.cancel()
+        return cb
     }
 }
 
