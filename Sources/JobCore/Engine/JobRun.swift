@@ -14,8 +14,6 @@ final class JobRun: @unchecked Sendable {
     var nodes: [NodeRecord]
     /// The Deferred of each started node (or the stand-in of a child waiting for a list's concurrency slot).
     var deferreds: [Deferred?]
-    /// Descendants of node i are the nodes i+1 ..< subtreeEnd[i] (pre-order).
-    let subtreeEnd: [Int]
     /// Transfers in flight, by node.
     var transfers: [Int: FetchHandle] = [:]
     /// What drives a running list with `concurrency` or a running sequence, by node; dropped when the node settles.
@@ -40,20 +38,10 @@ final class JobRun: @unchecked Sendable {
         self.record = record
         self.nodes = nodes
         self.deferreds = Array(repeating: nil, count: graph.nodes.count)
-        self.subtreeEnd = JobRun.subtreeEnds(graph)
         self.unsettledNodes = nodes.filter { !$0.state.isSettled }.count
     }
 
     var id: String { record.id }
-
-    private static func subtreeEnds(_ graph: JobGraph) -> [Int] {
-        var end = Array(0..<graph.nodes.count).map { $0 + 1 }
-        // Children come after their parent in pre-order: walk backwards, so a child's end is known before its parent's.
-        for i in stride(from: graph.nodes.count - 1, through: 0, by: -1) {
-            if let last = graph.nodes[i].children.last { end[i] = end[last] }
-        }
-        return end
-    }
 
     // MARK: - Starting
 
@@ -258,7 +246,7 @@ final class JobRun: @unchecked Sendable {
     /// Ends every unstarted node of the subtree of `i` in `state` (`cancelled` or `skipped`).
     func endUnstarted(_ i: Int, as state: NodeState) {
         guard !stopping else { return }
-        for j in i..<subtreeEnd[i] where !nodes[j].state.isSettled && deferreds[j] == nil {
+        for j in i..<graph.descendants(of: i).upperBound where !nodes[j].state.isSettled && deferreds[j] == nil {
             nodes[j].finishedAt = Timestamp.nowMs()
             if state == .cancelled { nodes[j].error = NodeError(.cancelled, "cancelled before it started", node: nodes[j].id) }
             changeState(j, to: state)
