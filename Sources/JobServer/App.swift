@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import JobCore
+import Synchronization
 
 /// The routes of API.md §2.
 enum Route: CaseIterable {
@@ -54,7 +55,7 @@ final class App: @unchecked Sendable {
     /// store's group commit that holds it, and concurrent submissions only share a commit if they wait at once.
     /// (A concurrent queue would run about one blocked submission per core.)
     private let diskQueues = (0..<32).map { DispatchQueue(label: "jobserver.disk.\($0)") }
-    private let nextDiskQueue = RoundRobinCounter()
+    private let diskQueueTurn = Atomic<Int>(0)
     private let shutdownLock = NSLock()
     private var shuttingDown = false
 
@@ -142,7 +143,8 @@ final class App: @unchecked Sendable {
             return
         }
         if route.waitsForDisk {
-            diskQueues[nextDiskQueue.next() % diskQueues.count].async { [self] in answer(route, request, exchange) }
+            let turn = diskQueueTurn.wrappingAdd(1, ordering: .relaxed).newValue & Int.max
+            diskQueues[turn % diskQueues.count].async { [self] in answer(route, request, exchange) }
         } else {
             answer(route, request, exchange)
         }
@@ -416,17 +418,4 @@ private final class CancellableBox: @unchecked Sendable {
     private let token: Cancellable
     init(_ token: Cancellable) { self.token = token }
     func cancel() { token.cancel() }
-}
-
-/// A counter several threads take numbers from.
-final class RoundRobinCounter: @unchecked Sendable {
-    private let lock = NSLock()
-    private var value = 0
-
-    func next() -> Int {
-        lock.withLock {
-            value &+= 1
-            return value & Int.max
-        }
-    }
 }
