@@ -1,5 +1,5 @@
 SHELL := /bin/bash
-.PHONY: all build run test bench clean
+.PHONY: all build run test fuzz bench clean
 
 all: build
 
@@ -18,6 +18,12 @@ test:
 	swift test --disable-swift-testing
 	scripts/check-openapi.sh
 	Tests/Integration/run.sh
+
+# schemathesis with every check and the stateful phase, longer than make test's bounded run.
+fuzz:
+	@scripts/ensure-deps.sh test
+	swift build
+	SCHEMATHESIS_MAX_EXAMPLES=200 SCHEMATHESIS_TIME_LIMIT=1800 Tests/Integration/conformance.test.sh
 
 bench:
 	@scripts/ensure-deps.sh bench

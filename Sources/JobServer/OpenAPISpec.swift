@@ -68,7 +68,10 @@ servers:
   - url: http://localhost:8080
     description: a local server (`jobserver serve`)
 
+# Without `--token` no route asks for credentials; with it, every route but
+# /healthz needs the bearer token.
 security:
+  - {}
   - bearerAuth: []
 
 tags:
@@ -231,11 +234,13 @@ paths:
             default: 50
         - name: cursor
           in: query
-          description: opaque; a `next_cursor` from an earlier page. A cursor the server did not make is `400`.
+          description: |
+            opaque; a `next_cursor` from an earlier page. Any value of the
+            cursor's form (as the pattern says) is accepted and starts the page
+            after the position it names; anything else is `400`.
           schema:
             type: string
-            minLength: 1
-            maxLength: 200
+            pattern: "^c([2-7][0-9a-f]){1,99}$"
       responses:
         "200":
           description: a page of jobs
@@ -652,10 +657,10 @@ components:
       description: |
         Echoed in the response's `X-Request-Id` and written in the server's log
         lines for this request. When absent, or not 1–200 visible ASCII
-        characters, the server makes one up.
+        characters (`^[!-~]{1,200}$`), the server makes one up: any value is
+        accepted.
       schema:
         type: string
-        pattern: "^[!-~]{1,200}$"
 
   headers:
     RequestId:
@@ -827,10 +832,10 @@ components:
           description: |
             The whole job fails with kind `timeout` if not settled this many
             milliseconds after it was created; its running and pending nodes
-            end `cancelled`.
+            end `cancelled`. At most 24 hours.
           type: integer
           minimum: 1
-          maximum: 2147483647
+          maximum: 86400000
         metadata:
           description: |
             Any JSON object up to 16 KiB (measured as its compact JSON

@@ -79,7 +79,7 @@ enum QueryParameters {
 
     /// Plain ASCII digits only (no sign, no spaces, no exponent), as an Int64.
     private static func decimal(_ text: String) -> Int64? {
-        guard !text.isEmpty, text.utf8.count <= 18, text.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { return nil }
+        guard !text.isEmpty, text.utf8.count <= 19, text.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { return nil }
         return Int64(text)
     }
 }

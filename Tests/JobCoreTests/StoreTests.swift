@@ -318,11 +318,21 @@ final class StoreTests: StoreTestCase {
     func testBadCursorIsRefused() throws {
         let store = try openStore()
         defer { store.close() }
-        for cursor in ["", "x", "c", "c4", "c4g", "J0000000001", "cff", "C4a4a", "c" + String(repeating: "41", count: 600)] {
+        let outOfForm = ["", "x", "c", "c4", "c4g", "J0000000001", "cff", "c0a", "c1f", "c80", "C4a4a"]
+        for cursor in outOfForm + ["c" + String(repeating: "41", count: 600)] {
             XCTAssertThrowsError(try store.listJobs(state: nil, limit: 5, cursor: cursor), cursor) { error in
                 XCTAssertEqual((error as? StoreError)?.kind, .badCursor)
             }
         }
+    }
+
+    func testEveryCursorOfTheDocumentedFormStartsAPage() throws {
+        let store = try openStore()
+        defer { store.close() }
+        for n in 1...3 { try create(store, n) }
+        // openapi.yaml: ^c([2-7][0-9a-f]){1,99}$. "c7f" sorts after every id, "c20" before every one.
+        XCTAssertEqual(try store.listJobs(state: nil, limit: 5, cursor: "c7f").jobs.count, 3)
+        XCTAssertEqual(try store.listJobs(state: nil, limit: 5, cursor: "c20").jobs.count, 0)
     }
 
     func testDeleteRemovesNodesAndBodies() throws {

@@ -24,7 +24,8 @@ final class QueryParametersTests: XCTestCase {
     }
 
     func testSinceMustBeNumeric() {
-        for bad in ["abc", "", "-3", "1.0", "0x10"] {
+        XCTAssertEqual(try QueryParameters.jobWait(items([("since", "9223372036854775807")])).sinceVersion, Int64.max)
+        for bad in ["abc", "", "-3", "1.0", "0x10", "9223372036854775808"] {
             XCTAssertThrowsError(try QueryParameters.jobWait(items([("since", bad)])), "since=\(bad)")
         }
     }

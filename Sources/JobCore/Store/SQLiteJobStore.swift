@@ -809,12 +809,14 @@ enum JobCursor {
         id.reserveCapacity(bytes.count / 2)
         var index = 1
         while index < bytes.count {
-            guard let high = value(bytes[index]), let low = value(bytes[index + 1]) else { throw bad }
+            // Ids are printable ASCII, so only high digits 2–7 occur: openapi.yaml's cursor pattern says the same.
+            guard let high = value(bytes[index]), (2...7).contains(high), let low = value(bytes[index + 1]) else {
+                throw bad
+            }
             id.append(high << 4 | low)
             index += 2
         }
-        guard let text = String(validating: id, as: UTF8.self) else { throw bad }
-        return text
+        return String(decoding: id, as: UTF8.self)
     }
 
     private static func value(_ digit: UInt8) -> UInt8? {
