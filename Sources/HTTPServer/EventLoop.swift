@@ -9,16 +9,25 @@ final class Connection {
     /// descriptor number that was closed and reused within one batch then finds no connection.
     let token: UInt64
     var parser: HTTPRequestParser
-    /// Received bytes not parsed yet (while a response is pending, pipelined requests wait here).
+    /// Received bytes not parsed yet, from `inOffset` on (while a response is pending or too many answers are
+    /// unsent, pipelined requests wait here).
     var inBuffer: [UInt8] = []
+    var inOffset = 0
     var outBuffer: [UInt8] = []
     var outOffset = 0
+    /// Responses serialised into `outBuffer` since it was last written out whole: parsing stops at
+    /// `EventLoop.maxAnswersInFlight`, so a client that pipelines and never reads costs a bounded amount of memory.
+    var answersInFlight = 0
     /// The request dispatched and not answered yet; later requests wait behind it.
     var pending: HTTPResponder?
+    /// `102 Processing` was sent for `pending` to find out whether a client that sent FIN is still there.
+    var probeSent = false
     var closeAfterWrite = false
     var lingering = false
-    /// The client sent FIN while a response was still being written: finish writing, then close.
+    /// The client sent FIN (or shut down its writing side): what it sent is answered, then the connection closes.
     var peerHalfClosed = false
+    /// The connection is being closed after a `408`: the client had its time, so the linger is short.
+    var timedOut = false
     var closed = false
     /// True while the loop is feeding this connection's bytes to the parser (responses are then flushed afterwards).
     var processing = false
@@ -38,12 +47,21 @@ final class Connection {
     }
 
     var hasOutput: Bool { outOffset < outBuffer.count }
+    /// Received bytes still to parse.
+    var bufferedInput: Int { inBuffer.count - inOffset }
+
+    func dropInput() {
+        inBuffer = []
+        inOffset = 0
+    }
 }
 
 /// Settings every loop shares, fixed at start.
 struct LoopSettings {
     var limits: HTTPParserLimits
     var headerTimeoutMs: UInt64
+    /// The longest a whole request (head and body) may take to arrive, however steadily its bytes trickle in.
+    var requestTimeoutMs: UInt64
     var idleTimeoutMs: UInt64
     var maxConnections: Int
     var onResponse: (@Sendable (String?, String, Int, UInt64) -> Void)?
@@ -55,6 +73,8 @@ struct LoopSettings {
 final class EventLoop: @unchecked Sendable {
     enum Message {
         case response(HTTPResponder, HTTPResponse)
+        /// A handler set `onClose` from another thread.
+        case closeWatch(HTTPResponder)
         case beginShutdown
         case stop
     }
@@ -62,8 +82,13 @@ final class EventLoop: @unchecked Sendable {
     private static let readChunk = 64 * 1024
     private static let maxEvents = 256
     private static let lingerMs: UInt64 = 2000
+    /// A client that let a request time out gets this long to read its `408` before the close.
+    private static let lingerAfterTimeoutMs: UInt64 = 500
     /// Stop reading from a connection whose pipelined backlog exceeds this while it waits for a response.
     private static let maxBacklog = 64 * 1024
+    /// Requests parsed whose answers are not written out yet, per connection: past this, parsing (and so
+    /// reading) waits for the client to read.
+    static let maxAnswersInFlight = 16
 
     private let settings: LoopSettings
     private let epollFD: Int32
@@ -98,7 +123,7 @@ final class EventLoop: @unchecked Sendable {
         }
         self.scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: EventLoop.readChunk, alignment: 16)
         self.now = monotonicMilliseconds()
-        let shortest = min(settings.headerTimeoutMs, settings.idleTimeoutMs)
+        let shortest = min(settings.headerTimeoutMs, settings.idleTimeoutMs, settings.requestTimeoutMs)
         self.sweepIntervalMs = max(10, min(1000, shortest / 4))
         try register(wakeFD, events: EPOLLIN.rawValue)
         try register(listenFD, events: EPOLLIN.rawValue)
@@ -195,6 +220,8 @@ final class EventLoop: @unchecked Sendable {
             switch message {
             case .response(let responder, let response):
                 deliver(responder, response)
+            case .closeWatch(let responder):
+                closeWatchRequested(responder)
             case .beginShutdown:
                 beginShutdown()
             case .stop:
@@ -235,7 +262,7 @@ final class EventLoop: @unchecked Sendable {
             }
             var one: Int32 = 1
             _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
-            let interest = EPOLLIN.rawValue | EPOLLRDHUP.rawValue
+            let interest = EPOLLIN.rawValue
             nextSerial = nextSerial == UInt32.max ? 1 : nextSerial + 1
             let connection = Connection(fd: fd, serial: nextSerial, limits: settings.limits,
                                         remoteAddress: formatAddress(&address), now: now, interest: interest)
@@ -268,19 +295,11 @@ final class EventLoop: @unchecked Sendable {
             close(connection)
             return
         }
-        if events & EPOLLOUT.rawValue != 0 {
-            flush(connection)
-            if connection.closed { return }
-        }
         if events & EPOLLIN.rawValue != 0 {
             readable(connection)
-        } else if events & EPOLLRDHUP.rawValue != 0 {
-            close(connection)
-            return
+            if connection.closed { return }
         }
-        if !connection.closed {
-            updateInterest(connection)
-        }
+        advance(connection)
     }
 
     private func readable(_ connection: Connection) {
@@ -295,55 +314,93 @@ final class EventLoop: @unchecked Sendable {
             return
         }
         if count == 0 {
-            if connection.hasOutput && connection.pending == nil && !connection.lingering {
-                // A half-closing client may still read: write what is queued, then close.
-                connection.peerHalfClosed = true
-                connection.closeAfterWrite = true
-                connection.inBuffer = []
+            if connection.lingering {
+                close(connection)
                 return
             }
-            // With a response still pending, FIN is how clients hang up: report it through onClose.
-            close(connection)
+            // FIN says the client sends nothing more, not that it stopped reading (`shutdown(SHUT_WR)`):
+            // what it sent is still answered, however late, and `advance` closes once nothing is owed.
+            connection.peerHalfClosed = true
+            if let pending = connection.pending, pending.wantsCloseNotice {
+                probe(connection)
+            }
             return
         }
         connection.lastActivity = now
-        if connection.lingering || connection.closeAfterWrite {
+        if connection.lingering || connection.closeAfterWrite || connection.peerHalfClosed {
             return  // the framing is lost or we are closing: what the client still sends is discarded
         }
-        if connection.inBuffer.isEmpty {
-            if connection.parser.isIdle {
-                connection.headStart = now
-            }
-            let bytes = UnsafeRawBufferPointer(rebasing: scratch[0..<count])
+        let bytes = UnsafeRawBufferPointer(rebasing: scratch[0..<count])
+        if connection.bufferedInput == 0 {
+            connection.dropInput()
             let used = feed(connection, bytes)
             if used < count && !connection.closed && !connection.closeAfterWrite {
                 connection.inBuffer.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[used...]))
             }
         } else {
-            connection.inBuffer.append(contentsOf: UnsafeRawBufferPointer(rebasing: scratch[0..<count]))
-            processBuffered(connection)
+            if connection.inOffset > 0 {
+                connection.inBuffer.removeFirst(connection.inOffset)
+                connection.inOffset = 0
+            }
+            connection.inBuffer.append(contentsOf: bytes)
         }
-        flush(connection)
+    }
+
+    /// Writes what is queued and parses what waits in `inBuffer`, until the connection waits for a handler,
+    /// for the client to read, or for more bytes; then closes it if a half-closed client is owed nothing
+    /// more, or sets what the loop watches it for.
+    private func advance(_ connection: Connection) {
+        var rounds = 0
+        // Each round either parses at least one request or ends: the bound only guards against our own bugs.
+        while !connection.closed && rounds < 1_000_000 {
+            rounds += 1
+            if connection.pending == nil && !connection.closeAfterWrite
+                && connection.answersInFlight < EventLoop.maxAnswersInFlight {
+                processBuffered(connection)
+                if connection.closed { return }
+            }
+            flush(connection)
+            if connection.closed { return }
+            if connection.hasOutput || connection.pending != nil || connection.closeAfterWrite
+                || connection.bufferedInput == 0 {
+                break
+            }
+        }
+        if connection.peerHalfClosed && connection.pending == nil && !connection.hasOutput && !connection.lingering {
+            // Nothing more can arrive (a request cut short by the FIN never completes) and nothing is owed.
+            close(connection)
+            return
+        }
+        updateInterest(connection)
     }
 
     /// Parses what waits in `inBuffer`, after a pending response was written.
     private func processBuffered(_ connection: Connection) {
-        guard !connection.inBuffer.isEmpty else { return }
+        guard connection.bufferedInput > 0 else { return }
+        // Taken out of the connection while handlers run, so that nothing they do can touch it mid-parse.
         let buffered = connection.inBuffer
-        connection.inBuffer = []
-        let used = buffered.withUnsafeBytes { feed(connection, $0) }
-        if used < buffered.count && !connection.closed && !connection.closeAfterWrite {
-            connection.inBuffer = Array(buffered[used...])
+        let start = connection.inOffset
+        connection.dropInput()
+        let used = buffered.withUnsafeBytes { feed(connection, UnsafeRawBufferPointer(rebasing: $0[start...])) }
+        if start + used < buffered.count && !connection.closed && !connection.closeAfterWrite {
+            connection.inBuffer = buffered
+            connection.inOffset = start + used
         }
     }
 
-    /// Feeds bytes to the parser and dispatches requests until one waits for its response.
+    /// Feeds bytes to the parser and dispatches requests until one waits for its response or
+    /// `maxAnswersInFlight` answers wait to be written.
     /// - Returns: the bytes consumed.
     private func feed(_ connection: Connection, _ bytes: UnsafeRawBufferPointer) -> Int {
         var offset = 0
         connection.processing = true
         defer { connection.processing = false }
-        while offset < bytes.count && connection.pending == nil && !connection.closeAfterWrite && !connection.closed {
+        while offset < bytes.count && connection.pending == nil && !connection.closeAfterWrite && !connection.closed
+            && connection.answersInFlight < EventLoop.maxAnswersInFlight {
+            if connection.parser.isIdle {
+                // A request's time limits count from its first byte the parser sees.
+                connection.headStart = now
+            }
             let (used, event) = connection.parser.parse(UnsafeRawBufferPointer(rebasing: bytes[offset...]))
             offset += used
             guard let event = event else { continue }
@@ -351,22 +408,50 @@ final class EventLoop: @unchecked Sendable {
             case .continueExpected:
                 connection.outBuffer.append(contentsOf: EventLoop.continueResponse)
             case .request(let parsed):
-                connection.headStart = now
                 dispatch(connection, parsed)
             case .failure(let error):
-                let response = HTTPResponse.error(status: error.status, code: error.code, message: error.message)
-                serializeResponse(response, into: &connection.outBuffer, dateHeader: dateHeader, isHead: false,
-                                  keepAlive: false, http10: false)
-                connection.closeAfterWrite = true
-                settings.onResponse?(nil, "", error.status, 0)
+                answerAndClose(connection, status: error.status, code: error.code, message: error.message)
             }
         }
         return offset
     }
 
+    /// Queues an error answer that ends the connection (the request's framing is lost or its time is up).
+    private func answerAndClose(_ connection: Connection, status: Int, code: String, message: String) {
+        let response = HTTPResponse.error(status: status, code: code, message: message)
+        serializeResponse(response, into: &connection.outBuffer, dateHeader: dateHeader, isHead: false,
+                          keepAlive: false, http10: false)
+        connection.closeAfterWrite = true
+        connection.answersInFlight += 1
+        settings.onResponse?(nil, "", status, 0)
+    }
+
+    /// After a FIN, tells a client that only half-closed from one that went away, for a handler that asked to
+    /// hear of the latter (`onClose`, e.g. a long-poll): a `102 Processing` interim response, which an
+    /// HTTP/1.1 client must accept before the final one, is answered with a reset by a closed socket, and
+    /// the reset closes the connection and runs `onClose`. HTTP/1.0 clients get no 1xx: theirs just waits.
+    private func probe(_ connection: Connection) {
+        guard let pending = connection.pending, !connection.probeSent, !pending.isHTTP10 else { return }
+        connection.probeSent = true
+        connection.outBuffer.append(contentsOf: EventLoop.processingResponse)
+    }
+
+    /// A handler set `onClose` after the client's FIN was already seen.
+    func closeWatchRequested(_ responder: HTTPResponder) {
+        assert(inLoopThread, "connections are touched on their own loop")
+        guard let connection = responder.connection, !connection.closed, connection.pending === responder,
+              connection.peerHalfClosed else { return }
+        probe(connection)
+        if !connection.processing {
+            advance(connection)
+        }
+    }
+
+    private static let processingResponse: [UInt8] = Array("HTTP/1.1 102 Processing\r\n\r\n".utf8)
     private static let continueResponse: [UInt8] = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
 
     private func dispatch(_ connection: Connection, _ parsed: ParsedRequest) {
+        connection.probeSent = false
         let start = settings.onResponse == nil ? 0 : monotonicNanoseconds()
         let responder = HTTPResponder(loop: self, connection: connection, method: parsed.request.method,
                                       isHTTP10: parsed.request.version == .http1_0, keepAlive: parsed.keepAlive, startNanoseconds: start)
@@ -388,20 +473,14 @@ final class EventLoop: @unchecked Sendable {
         if !keepAlive {
             connection.closeAfterWrite = true
         }
+        connection.answersInFlight += 1
         connection.requestsServed += 1
         if let onResponse = settings.onResponse {
             let elapsed = monotonicNanoseconds() &- responder.startNanoseconds
             onResponse(responder.routePattern, responder.method, response.status, elapsed)
         }
         if !connection.processing {
-            flush(connection)
-            if !connection.closed && !connection.closeAfterWrite && !connection.inBuffer.isEmpty {
-                processBuffered(connection)
-                flush(connection)
-            }
-            if !connection.closed {
-                updateInterest(connection)
-            }
+            advance(connection)
         }
     }
 
@@ -432,6 +511,7 @@ final class EventLoop: @unchecked Sendable {
             connection.outBuffer.removeAll(keepingCapacity: true)
         }
         connection.outOffset = 0
+        connection.answersInFlight = 0
         if connection.closeAfterWrite && connection.pending == nil && !connection.lingering {
             if connection.peerHalfClosed {
                 close(connection)
@@ -445,17 +525,19 @@ final class EventLoop: @unchecked Sendable {
     /// request bytes don't turn our close into a reset that destroys the response in flight.
     private func startLingering(_ connection: Connection) {
         connection.lingering = true
-        connection.inBuffer = []
-        connection.lingerDeadline = now + EventLoop.lingerMs
+        connection.dropInput()
+        connection.lingerDeadline = now + (connection.timedOut ? EventLoop.lingerAfterTimeoutMs : EventLoop.lingerMs)
         activeConnections.subtract(1, ordering: .relaxed)
         _ = Glibc.shutdown(connection.fd, Int32(SHUT_WR))
     }
 
     private func updateInterest(_ connection: Connection) {
-        // After the client's FIN, EPOLLIN and EPOLLRDHUP would stay ready forever: wait for EPOLLOUT only.
-        var wanted = connection.peerHalfClosed ? 0 : EPOLLRDHUP.rawValue
-        let reading = !connection.peerHalfClosed && (connection.lingering
-            || (!connection.closeAfterWrite && (connection.pending == nil || connection.inBuffer.count < EventLoop.maxBacklog)))
+        // Backpressure: nothing more is read while output waits for the client (or the client already sent FIN,
+        // after which EPOLLIN would stay ready forever); a lingering connection is drained.
+        let reading = connection.lingering
+            || (!connection.peerHalfClosed && !connection.closeAfterWrite && !connection.hasOutput
+                && connection.bufferedInput < EventLoop.maxBacklog)
+        var wanted: UInt32 = 0
         if reading { wanted |= EPOLLIN.rawValue }
         if connection.hasOutput { wanted |= EPOLLOUT.rawValue }
         if wanted == connection.interest { return }
@@ -480,7 +562,7 @@ final class EventLoop: @unchecked Sendable {
         if !connection.lingering {
             activeConnections.subtract(1, ordering: .relaxed)
         }
-        connection.inBuffer = []
+        connection.dropInput()
         connection.outBuffer = []
         if let pending = connection.pending {
             connection.pending = nil
@@ -499,24 +581,57 @@ final class EventLoop: @unchecked Sendable {
             }
         }
         for case let connection? in connections {
-            if let deadline = deadline(of: connection), now >= deadline {
+            guard let deadline = deadline(of: connection), now >= deadline else { continue }
+            if awaitsRequestBytes(connection) {
+                timeOut(connection)
+            } else {
                 close(connection)
             }
         }
+    }
+
+    /// True while part of a request has arrived and the rest is awaited (no answer pending or being written).
+    private func awaitsRequestBytes(_ connection: Connection) -> Bool {
+        !connection.lingering && !connection.closeAfterWrite && !connection.hasOutput && connection.pending == nil
+            && !(connection.parser.isIdle && connection.bufferedInput == 0)
     }
 
     private func deadline(of connection: Connection) -> UInt64? {
         if connection.lingering { return connection.lingerDeadline }
         if connection.hasOutput { return connection.lastActivity + settings.idleTimeoutMs }
         if connection.pending != nil { return nil }
-        if connection.parser.isReadingBody { return connection.lastActivity + settings.headerTimeoutMs }
-        if connection.parser.isIdle && connection.inBuffer.isEmpty {
+        if connection.parser.isIdle && connection.bufferedInput == 0 {
             if connection.requestsServed == 0 {
                 return connection.headStart + settings.headerTimeoutMs
             }
             return connection.lastActivity + settings.idleTimeoutMs
         }
-        return connection.headStart + settings.headerTimeoutMs
+        let whole = connection.headStart + settings.requestTimeoutMs
+        if connection.parser.isReadingBody {
+            return min(connection.lastActivity + settings.headerTimeoutMs, whole)
+        }
+        return min(connection.headStart + settings.headerTimeoutMs, whole)
+    }
+
+    /// A request that did not arrive in time is answered `408` (RFC 9110 §15.5.9), then the connection closes.
+    private func timeOut(_ connection: Connection) {
+        let message: String
+        if connection.parser.isReadingBody {
+            if now >= connection.headStart + settings.requestTimeoutMs {
+                message = "request not received within \(seconds(settings.requestTimeoutMs))"
+            } else {
+                message = "no request body bytes for \(seconds(settings.headerTimeoutMs))"
+            }
+        } else {
+            message = "request head not received within \(seconds(min(settings.headerTimeoutMs, settings.requestTimeoutMs)))"
+        }
+        connection.timedOut = true
+        answerAndClose(connection, status: 408, code: "request_timeout", message: message)
+        advance(connection)
+    }
+
+    private func seconds(_ milliseconds: UInt64) -> String {
+        milliseconds % 1000 == 0 ? "\(milliseconds / 1000) s" : "\(milliseconds) ms"
     }
 
     private func refreshDate() {
@@ -545,7 +660,7 @@ final class EventLoop: @unchecked Sendable {
             // Only connections between requests are closed: a request already begun (even half its head)
             // is read to its end within the grace period and answered, with `Connection: close`.
             let idle = connection.pending == nil && !connection.hasOutput && connection.parser.isIdle
-                && connection.inBuffer.isEmpty
+                && connection.bufferedInput == 0
             if idle || connection.lingering {
                 close(connection)
             }

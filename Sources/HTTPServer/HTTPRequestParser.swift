@@ -28,6 +28,9 @@ struct HTTPParseError: Error, Equatable {
     static func payloadTooLarge(_ limit: Int) -> HTTPParseError {
         HTTPParseError(status: 413, code: "payload_too_large", message: "request body larger than \(limit) bytes")
     }
+    static func expectationFailed() -> HTTPParseError {
+        HTTPParseError(status: 417, code: "expectation_failed", message: "the only expectation supported is 100-continue")
+    }
 }
 
 /// A complete request with what the connection needs to know about it.
@@ -85,6 +88,8 @@ struct HTTPRequestParser {
     private var connectionClose = false
     private var connectionKeepAlive = false
     private var expectContinue = false
+    /// An `Expect` field other than `100-continue` (RFC 9110 §10.1.1): answered 417 once the head is complete.
+    private var expectUnsupported = false
 
     init(limits: HTTPParserLimits, remoteAddress: String = "") {
         self.limits = limits
@@ -349,7 +354,11 @@ struct HTTPRequestParser {
                 if bytesEqualFolded(trimmed, "keep-alive") { connectionKeepAlive = true }
             }
         case 6 where bytesEqualFolded(name, "expect"):
-            if bytesEqualFolded(value[...], "100-continue") { expectContinue = true }
+            if bytesEqualFolded(value[...], "100-continue") {
+                expectContinue = true
+            } else {
+                expectUnsupported = true
+            }
         default:
             break
         }
@@ -371,6 +380,7 @@ struct HTTPRequestParser {
         if let length = contentLength, length > limits.maxBodyBytes {
             return fail(.payloadTooLarge(limits.maxBodyBytes))
         }
+        if expectUnsupported { return fail(.expectationFailed()) }
         let hasBody = chunked || (contentLength ?? 0) > 0
         if !hasBody {
             return .request(finishRequest())
@@ -430,6 +440,7 @@ struct HTTPRequestParser {
         connectionClose = false
         connectionKeepAlive = false
         expectContinue = false
+        expectUnsupported = false
         return ParsedRequest(request: request, keepAlive: keepAlive)
     }
 }

@@ -75,20 +75,37 @@ public final class HTTPResponder: @unchecked Sendable {
 
     /// Called at most once, on some thread, if the connection closes before `send` — so a long-poll can
     /// stop waiting. Set after the connection already closed, it is called at once.
+    ///
+    /// A client that only half-closed (`shutdown(SHUT_WR)` after its request) is still answered; to tell
+    /// it from one that went away, the server then sends it a `102 Processing` interim response, which only
+    /// a closed socket refuses.
     public var onClose: (@Sendable () -> Void)? {
         get { state.withLock { $0.onClose } }
         set {
-            let callNow = state.withLock { state -> Bool in
-                if state.done || state.closeNotified { return false }
+            let (callNow, watching) = state.withLock { state -> (Bool, Bool) in
+                if state.done || state.closeNotified { return (false, false) }
                 if state.connectionClosed {
                     state.closeNotified = newValue != nil
-                    return true
+                    return (true, false)
                 }
                 state.onClose = newValue
-                return false
+                return (false, newValue != nil)
             }
             if callNow { newValue?() }
+            if watching, let loop = loop {
+                // The client's FIN may have come before anyone asked to hear of a close.
+                if loop.inLoopThread {
+                    loop.closeWatchRequested(self)
+                } else {
+                    loop.post(.closeWatch(self))
+                }
+            }
         }
+    }
+
+    /// Whether a handler waits to hear of the connection closing before the response.
+    var wantsCloseNotice: Bool {
+        state.withLock { !$0.done && $0.onClose != nil }
     }
 
     /// Whether the connection closed before a response was sent.

@@ -14,8 +14,11 @@ public struct HTTPServerConfiguration: Sendable {
     public var maxHeaderBytes = 16 * 1024
     /// A request target above this size is refused with 414.
     public var maxTargetBytes = 8 * 1024
-    /// Time allowed to receive a whole request head (and between body bytes); then the connection closes.
+    /// Time allowed to receive a whole request head (and between body bytes); then `408` and the connection closes.
     public var headerTimeoutSeconds = 10.0
+    /// Time allowed to receive a whole request, head and body, however steadily its bytes arrive; then `408`
+    /// and the connection closes.
+    public var requestTimeoutSeconds = 30.0
     /// Time a keep-alive connection may sit idle between requests (or blocked on writing) before it closes.
     public var idleTimeoutSeconds = 60.0
     /// Event-loop threads; each accepts, reads and writes its own connections.
@@ -87,6 +90,7 @@ public final class HTTPServer: @unchecked Sendable {
                                          maxTargetBytes: configuration.maxTargetBytes,
                                          maxBodyBytes: configuration.maxRequestBodyBytes),
                 headerTimeoutMs: UInt64(max(0.001, configuration.headerTimeoutSeconds) * 1000),
+                requestTimeoutMs: UInt64(max(0.001, configuration.requestTimeoutSeconds) * 1000),
                 idleTimeoutMs: UInt64(max(0.001, configuration.idleTimeoutSeconds) * 1000),
                 maxConnections: (configuration.maxConnections + count - 1) / count,
                 onResponse: configuration.onResponse,

@@ -94,7 +94,8 @@ func appendDecimal(_ value: Int, to out: inout [UInt8]) {
 /// Cached status lines for the codes in use; others are built on demand.
 private let commonStatusLines: [Int: [UInt8]] = {
     var lines: [Int: [UInt8]] = [:]
-    for code in [100, 200, 201, 202, 204, 301, 302, 304, 400, 401, 403, 404, 405, 409, 413, 414, 415, 422, 429, 431,
+    for code in [100, 102, 200, 201, 202, 204, 301, 302, 304, 400, 401, 403, 404, 405, 408, 409, 413, 414, 415, 417, 422,
+                 429, 431,
                  500, 503] {
         lines[code] = Array("HTTP/1.1 \(code) \(reasonPhrase(code))\r\n".utf8)
     }
@@ -116,6 +117,7 @@ func reasonPhrase(_ status: Int) -> String {
     switch status {
     case 100: return "Continue"
     case 101: return "Switching Protocols"
+    case 102: return "Processing"
     case 200: return "OK"
     case 201: return "Created"
     case 202: return "Accepted"

@@ -21,14 +21,27 @@ info:
     HTTP/1.1 per RFC 9110/9112. `HEAD` works wherever `GET` does (same status
     and headers, no body); it is not listed per route. Every response carries
     `Date`; every response of a route below also carries `X-Request-Id` (errors
-    the HTTP layer answers before routing, such as `400`, `413`, `414` and `431`,
-    do not). Absolute-form targets (`GET http://host/v1/jobs`)
+    the HTTP layer answers before routing, such as `400`, `408`, `413`, `414`,
+    `417` and `431`, do not). Absolute-form targets (`GET http://host/v1/jobs`)
     are accepted. A request without `Host` (or with two), or with whitespace
     between a header name and its colon, is `400 bad_request`; a request target
     over the limit is `414 uri_too_long`; request headers over the limit are
     `431 headers_too_large`. A known route with another method is
     `405 method_not_allowed` with an `Allow` header listing the route's methods
-    (including `HEAD` where `GET` is allowed).
+    (including `HEAD` where `GET` is allowed). An `Expect` other than
+    `100-continue` is `417 expectation_failed`. A request whose head is not
+    complete within 10 s, whose body stalls for 10 s, or which is not complete
+    within `--request-timeout` (default 30 s, however steadily its bytes
+    arrive) is `408 request_timeout`, and the connection closes; a connection
+    that sends nothing is closed without an answer.
+
+    Requests may be pipelined; answers come in request order. A client that
+    does not read its answers is not read from either: at most 16 answers wait
+    to be written per connection. A client that half-closes its connection
+    (`shutdown(SHUT_WR)`) after complete requests still gets every answer,
+    then the server closes; a long-poll (`wait`) answering such a client
+    first sends it an interim `102 Processing`, to find out whether the client
+    is still there.
 
     ## Authentication
     When the server runs with `--token`, every route except `/healthz` needs
@@ -41,7 +54,9 @@ info:
 
     ## Decisions (points API.md leaves open)
     - `414` uses code `uri_too_long`; an unexpected server fault (a bug) is
-      `500` with code `internal`. Neither is in API.md §3's table.
+      `500` with code `internal`. Neither is in API.md §3's table. Nor are
+      `408 request_timeout` and `417 expectation_failed` (RFC 9110), which the
+      HTTP layer answers before routing.
     - `422 invalid_graph` names the first problem in `path`/`message` and lists
       every problem found in `details`, each with its own JSON Pointer.
     - Unknown query parameters are ignored; a known one given twice is `400`.
@@ -192,6 +207,8 @@ paths:
           $ref: "#/components/responses/BadRequest"
         "401":
           $ref: "#/components/responses/Unauthorized"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "409":
           $ref: "#/components/responses/Conflict"
         "413":
@@ -200,6 +217,8 @@ paths:
           $ref: "#/components/responses/UriTooLong"
         "415":
           $ref: "#/components/responses/UnsupportedMediaType"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "422":
           $ref: "#/components/responses/InvalidGraph"
         "429":
@@ -255,8 +274,12 @@ paths:
           $ref: "#/components/responses/BadRequest"
         "401":
           $ref: "#/components/responses/Unauthorized"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "414":
           $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
@@ -310,8 +333,12 @@ paths:
           $ref: "#/components/responses/Unauthorized"
         "404":
           $ref: "#/components/responses/NotFound"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "414":
           $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
@@ -336,10 +363,14 @@ paths:
           $ref: "#/components/responses/Unauthorized"
         "404":
           $ref: "#/components/responses/NotFound"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "409":
           $ref: "#/components/responses/Conflict"
         "414":
           $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
@@ -387,12 +418,16 @@ paths:
           $ref: "#/components/responses/Unauthorized"
         "404":
           $ref: "#/components/responses/NotFound"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "409":
           $ref: "#/components/responses/Conflict"
         "413":
           $ref: "#/components/responses/PayloadTooLarge"
         "414":
           $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
@@ -433,8 +468,12 @@ paths:
           $ref: "#/components/responses/Unauthorized"
         "404":
           $ref: "#/components/responses/NotFound"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "414":
           $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
@@ -465,8 +504,12 @@ paths:
           $ref: "#/components/responses/Unauthorized"
         "404":
           $ref: "#/components/responses/NotFound"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "414":
           $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
@@ -505,8 +548,12 @@ paths:
           $ref: "#/components/responses/Unauthorized"
         "404":
           $ref: "#/components/responses/NotFound"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "414":
           $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
@@ -538,8 +585,12 @@ paths:
                     const: ok
         "400":
           $ref: "#/components/responses/BadRequest"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "414":
           $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
@@ -570,8 +621,12 @@ paths:
           $ref: "#/components/responses/BadRequest"
         "401":
           $ref: "#/components/responses/Unauthorized"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "414":
           $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
@@ -604,8 +659,12 @@ paths:
           $ref: "#/components/responses/BadRequest"
         "401":
           $ref: "#/components/responses/Unauthorized"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
         "414":
           $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
@@ -791,6 +850,24 @@ components:
           $ref: "#/components/headers/RetryAfter"
         X-Request-Id:
           $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    RequestTimeout:
+      description: |
+        `request_timeout`: the request did not arrive in time: its head not
+        within 10 s, no body byte for 10 s, or the whole request not within
+        `--request-timeout` (default 30 s). The connection closes after it.
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+    ExpectationFailed:
+      description: |
+        `expectation_failed`: an `Expect` header other than `100-continue`
+        (compared case-insensitively); the route does not run and the
+        connection closes after it.
       content:
         application/json:
           schema:

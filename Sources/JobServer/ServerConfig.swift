@@ -18,6 +18,8 @@ struct ServerConfig: Equatable {
     /// Settled jobs older than this are deleted; 0 keeps them forever.
     var retentionMs: Int64 = 7 * 86_400_000
     var shutdownGraceMs = 10_000
+    /// The longest a whole request (head and body) may take to arrive before `408`.
+    var requestTimeoutMs: Int64 = 30_000
     var maxActiveJobs = 10_000
     var logLevel = Logger.Level.info
 }
@@ -99,6 +101,12 @@ enum CommandLineParser {
         },
         Option(flag: "--shutdown-grace", help: "time to finish on SIGTERM (default 10s)") { c, v, _ in
             c.shutdownGraceMs = Int(try duration(v, flag: "--shutdown-grace"))
+        },
+        Option(flag: "--request-timeout", help: "time to receive a whole request, head and body (default 30s)") {
+            c, v, _ in
+            let ms = try duration(v, flag: "--request-timeout")
+            guard ms > 0 else { throw ConfigError(message: "--request-timeout: must be more than 0") }
+            c.requestTimeoutMs = ms
         },
         Option(flag: "--max-active-jobs", help: "pending and running jobs before 429 (default 10000)") { c, v, _ in
             c.maxActiveJobs = try integer(v, flag: "--max-active-jobs", in: 1...100_000_000)
@@ -276,6 +284,7 @@ extension ServerConfig {
         c.host = host
         c.port = port
         c.maxRequestBodyBytes = maxRequestBytes
+        c.requestTimeoutSeconds = Double(requestTimeoutMs) / 1000
         return c
     }
 }

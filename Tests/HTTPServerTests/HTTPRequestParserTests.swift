@@ -89,6 +89,9 @@ final class HTTPRequestParserTests: XCTestCase {
         "GET /" + String(repeating: "a", count: 300) + " HTTP/1.1\r\nHost: a\r\n\r\n",
         "GET / HTTP/1.1\r\nHost: a\r\nX-Big: " + String(repeating: "b", count: 1100) + "\r\n\r\n",
         "GET / HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n",
+        "POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue-please\r\nContent-Length: 3\r\n\r\nabc",
+        "GET / HTTP/1.1\r\nHost: a\r\nExpect: foo\r\n\r\n",
+        "POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-CONTINUE\r\nContent-Length: 3\r\n\r\nabc",
     ]
 
     func testCorpusGivesIdenticalEventsWholeByteByByteAndInRandomSplits() {
@@ -135,6 +138,8 @@ final class HTTPRequestParserTests: XCTestCase {
         let result = assertSplitInvariant(HTTPRequestParserTests.corpus[4])
         XCTAssertEqual(result.first, "continue")
         XCTAssertTrue(result.last?.hasSuffix("body=abc") ?? false)
+        XCTAssertEqual(assertSplitInvariant(HTTPRequestParserTests.corpus[26]).first, "continue",
+                       "the expectation's name is case-insensitive")
     }
 
     func testAbsoluteFormTargetIsReducedToItsPath() {
@@ -180,6 +185,8 @@ final class HTTPRequestParserTests: XCTestCase {
             (21, "error 414 uri_too_long"),
             (22, "error 431 headers_too_large"),
             (23, "error 400 bad_request"),  // obs-fold
+            (24, "error 417 expectation_failed"),
+            (25, "error 417 expectation_failed"),  // without a body too
         ]
         for (index, expected) in expectations {
             let result = assertSplitInvariant(HTTPRequestParserTests.corpus[index])

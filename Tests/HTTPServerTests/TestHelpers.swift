@@ -118,6 +118,26 @@ final class RawClient {
         }
     }
 
+    /// Waits up to `milliseconds` for bytes (or EOF) to read; true if there are some.
+    func waitReadable(milliseconds: Int32) -> Bool {
+        if !buffer.isEmpty { return true }
+        var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        return poll(&entry, 1, milliseconds) == 1
+    }
+
+    /// Everything the server sends until it closes (EOF or reset); nil if the socket timeout passes first.
+    func readUntilClose() -> [UInt8]? {
+        var received = buffer
+        buffer.removeAll()
+        while true {
+            var chunk = [UInt8](repeating: 0, count: 4096)
+            let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            if n == 0 { return received }
+            if n < 0 { return errno == ECONNRESET ? received : nil }
+            received.append(contentsOf: chunk[0..<n])
+        }
+    }
+
     /// Whether unread bytes are buffered (for "no more responses" checks).
     var hasBufferedBytes: Bool { !buffer.isEmpty }
 

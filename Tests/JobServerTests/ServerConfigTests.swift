@@ -36,6 +36,8 @@ final class ServerConfigTests: XCTestCase {
         XCTAssertEqual(config.denyCIDRs, ["169.254.0.0/16"])
         XCTAssertEqual(config.retentionMs, 7 * 86_400_000)
         XCTAssertEqual(config.shutdownGraceMs, 10_000)
+        XCTAssertEqual(config.requestTimeoutMs, 30_000)
+        XCTAssertEqual(config.httpConfiguration.requestTimeoutSeconds, 30)
         XCTAssertEqual(config.maxActiveJobs, 10_000)
         XCTAssertEqual(config.logLevel, .info)
     }
@@ -59,6 +61,7 @@ final class ServerConfigTests: XCTestCase {
             "--max-request-bytes", "2MiB", "--max-nodes", "50", "--max-depth", "8", "--max-response-bytes", "512k",
             "--max-concurrent-fetches", "32", "--max-per-host", "4", "--deny-cidr", "10.0.0.0/8",
             "--retention", "12h", "--shutdown-grace", "3s", "--max-active-jobs", "7", "--log-level", "debug",
+            "--request-timeout", "1500ms",
         ])
         XCTAssertEqual(config.host, "127.0.0.1")
         XCTAssertEqual(config.port, 0)
@@ -73,6 +76,8 @@ final class ServerConfigTests: XCTestCase {
         XCTAssertEqual(config.denyCIDRs, ["10.0.0.0/8"])
         XCTAssertEqual(config.retentionMs, 12 * 3_600_000)
         XCTAssertEqual(config.shutdownGraceMs, 3000)
+        XCTAssertEqual(config.requestTimeoutMs, 1500)
+        XCTAssertEqual(config.httpConfiguration.requestTimeoutSeconds, 1.5)
         XCTAssertEqual(config.maxActiveJobs, 7)
         XCTAssertEqual(config.logLevel, .debug)
     }
@@ -81,8 +86,9 @@ final class ServerConfigTests: XCTestCase {
         let config = try serve([], env: [
             "JOBSERVER_PORT": "9090", "JOBSERVER_MAX_PER_HOST": "3", "JOBSERVER_TOKEN": "t",
             "JOBSERVER_DENY_CIDR": "10.0.0.0/8, 192.168.0.0/16", "JOBSERVER_RETENTION": "0",
-            "JOBSERVER_MAX_REQUEST_BYTES": "4096", "UNRELATED": "x",
+            "JOBSERVER_MAX_REQUEST_BYTES": "4096", "JOBSERVER_REQUEST_TIMEOUT": "2m", "UNRELATED": "x",
         ])
+        XCTAssertEqual(config.requestTimeoutMs, 120_000)
         XCTAssertEqual(config.port, 9090)
         XCTAssertEqual(config.maxPerHost, 3)
         XCTAssertEqual(config.token, "t")
@@ -133,6 +139,8 @@ final class ServerConfigTests: XCTestCase {
         assertRefused(["--port", "http"], mentioning: "--port")
         assertRefused(["--max-nodes", "0"], mentioning: "--max-nodes")
         assertRefused(["--max-depth", "-3"], mentioning: "--max-depth")
+        assertRefused(["--request-timeout", "0"], mentioning: "--request-timeout")
+        assertRefused(["--request-timeout", "30"], mentioning: "--request-timeout")
         assertRefused(["--max-per-host", "1e3"], mentioning: "--max-per-host")
         assertRefused(["--deny-cidr", "10.0.0.0/33"], mentioning: "--deny-cidr")
         assertRefused(["--deny-cidr", "example.com/8"], mentioning: "--deny-cidr")
