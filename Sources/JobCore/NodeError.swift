@@ -6,6 +6,8 @@ public enum ErrorKind: String, Sendable, CaseIterable {
     case dns
     case tls
     case tooLarge = "too_large"
+    case tooManyRedirects = "too_many_redirects"
+    case resourceExhausted = "resource_exhausted"
     case invalidJSON = "invalid_json"
     case cancelled
     case allFailed = "all_failed"

@@ -975,7 +975,14 @@ components:
         url:
           description: |
             An absolute `http://` or `https://` URL (scheme case-insensitive);
-            every other scheme is refused at submit (`422`).
+            every other scheme is refused at submit (`422`). Each address
+            connected to (after DNS, on every redirect) is checked against
+            `--deny-cidr` before the connection is opened, as what it reaches:
+            an IPv4-mapped (`::ffff:a.b.c.d`) or IPv4-compatible (`::a.b.c.d`)
+            address also as its IPv4 address, and `0.0.0.0/8` and `::`, which
+            reach this host, also as `127.0.0.1` and `::1` (refused whenever a
+            denied range holds either). A denied address fails with kind
+            `connect`, not retried.
           type: string
           format: uri
           minLength: 8
@@ -1051,15 +1058,19 @@ components:
           type: boolean
         max_bytes:
           description: |
-            The largest response body accepted; a larger one fails with kind
-            `too_large` and is never buffered whole. A response of exactly
-            `max_bytes` bytes succeeds. Default, and upper bound: the server's
+            The largest response body accepted, counted after decoding its
+            `Content-Encoding`; a larger one fails with kind `too_large` and is
+            never buffered whole (a gzip bomb stops at the limit). A response
+            of exactly `max_bytes` bytes succeeds. A response header line over
+            100 KiB or a header section over 256 KiB is `too_large` too. Default, and upper bound: the server's
             `--max-response-bytes`; a larger value is refused with `422`.
           type: integer
           minimum: 0
           format: int64
         follow_redirects:
-          description: at most 5 redirects, to http/https only; the 6th fails
+          description: |
+            At most 5 redirects, to http/https only; the 6th fails with kind
+            `too_many_redirects`.
           type: boolean
           default: true
 
@@ -1166,7 +1177,13 @@ components:
           type: string
           enum: [json, text, base64]
         bytes:
-          description: the size of the response body in bytes
+          description: |
+            The size of the response body in bytes, after decoding its
+            `Content-Encoding`: every fetch offers the encodings libcurl
+            decodes (gzip, deflate, br, zstd) unless its `headers` set
+            `Accept-Encoding`, and an encoded body is decoded even when not
+            asked for. `headers` are as received (`content-encoding` and
+            `content-length` describe the encoded body).
           type: integer
           minimum: 0
         elapsed_ms:
@@ -1350,7 +1367,12 @@ components:
       properties:
         kind:
           type: string
-          enum: [http_status, timeout, connect, dns, tls, too_large, invalid_json, cancelled, all_failed, interrupted, internal]
+          description: |
+            `too_many_redirects`: more than 5 redirects. `resource_exhausted`:
+            this server could not open a socket (out of file descriptors,
+            buffers or local ports); retried like `connect`. `internal` is a
+            bug of the server.
+          enum: [http_status, timeout, connect, dns, tls, too_large, too_many_redirects, resource_exhausted, invalid_json, cancelled, all_failed, interrupted, internal]
         message:
           type: string
         node:

@@ -29,7 +29,24 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
   /echo                  200 {"method","path","query","headers":{lowercased
                          name: value},"body":"<utf8 text>"}
   /headers               200 with two Set-Cookie, two X-Multi and an X-Upper header
-  GET /stats             {"counters":{key:n},"requests":total,"active":in flight,
+  /gzip/json             200 application/json {"gzipped":true}, gzip-encoded
+                         when the request's Accept-Encoding offers gzip, else
+                         plain; ?size=N makes the decoded JSON N bytes
+  /gzip/text             the same with text/plain "hello, gzip"
+  /gzip/forced           200 application/json {"forced":true}, gzip-encoded
+                         whatever the request's Accept-Encoding says
+  /gzip/bomb             200 application/octet-stream: ?mib=N (default 100)
+                         MiB of zeros gzip-encoded (about 1/1000 of that on
+                         the wire), whatever Accept-Encoding says
+  /loop                  302 to itself, forever
+  /big-header            200 with one X-Big header line of ?kib=N KiB (default 200)
+  /many-headers          200 with ?count=N header lines (default 100) of ?kib=K
+                         KiB each (default 50)
+  /close                 reads the request, closes without answering
+  /garbage               answers bytes that are not HTTP, then closes
+  GET /stats             {"counters":{key:n},"requests":total,"connections":
+                         connections accepted (this request's own included),
+                         "active":in flight,
                          "max_active":high-water mark of concurrent requests,
                          "max_active_by_path_prefix":{"/delay":n,...},
                          "disconnects":[{"path":p,"at":epoch seconds}]}
@@ -38,6 +55,7 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
 """
 
 import argparse
+import gzip
 import json
 import os
 import select
@@ -46,6 +64,7 @@ import struct
 import sys
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -60,6 +79,7 @@ class Stats:
     def reset(self):
         self.counters = {}
         self.requests = 0
+        self.connections = 0
         self.active = 0
         self.max_active = 0
         self.active_by_prefix = {}
@@ -85,6 +105,7 @@ class Stats:
             return {
                 "counters": dict(self.counters),
                 "requests": self.requests,
+                "connections": self.connections,
                 "active": self.active,
                 "max_active": self.max_active,
                 "max_active_by_path_prefix": dict(self.max_active_by_prefix),
@@ -93,6 +114,22 @@ class Stats:
 
 
 STATS = Stats()
+
+
+GZIP_BOMBS = {}
+GZIP_BOMBS_LOCK = threading.Lock()
+
+
+def gzip_bomb(mib):
+    """`mib` MiB of zeros, gzip-compressed once and kept."""
+    with GZIP_BOMBS_LOCK:
+        if mib not in GZIP_BOMBS:
+            z = zlib.compressobj(9, zlib.DEFLATED, 31)
+            zeros = b"\0" * (1024 * 1024)
+            parts = [z.compress(zeros) for _ in range(mib)]
+            parts.append(z.flush())
+            GZIP_BOMBS[mib] = b"".join(parts)
+        return GZIP_BOMBS[mib]
 
 
 def json_of_size(n):
@@ -107,6 +144,19 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format, *args):
         pass
+
+    def setup(self):
+        super().setup()
+        with STATS.lock:
+            STATS.connections += 1
+
+    def offers_gzip(self):
+        offered = (self.headers.get("Accept-Encoding") or "").lower()
+        return any(part.split(";")[0].strip() in ("gzip", "x-gzip", "*") for part in offered.split(","))
+
+    def send_gzip(self, body, content_type, encode):
+        extra = [("Content-Encoding", "gzip")] if encode else []
+        self.send_body(200, gzip.compress(body) if encode else body, content_type, extra=extra)
 
     # -- helpers -----------------------------------------------------------
 
@@ -264,6 +314,34 @@ class Handler(BaseHTTPRequestHandler):
                 ("Set-Cookie", "a=1"), ("X-Multi", "one"), ("Set-Cookie", "b=2"),
                 ("X-Multi", "two"), ("X-Upper", "UPPER"),
             ])
+        elif path == "/gzip/json":
+            if "size" in query:
+                payload = json_of_size(max(2, int(query["size"])))
+            else:
+                payload = b'{"gzipped":true}'
+            self.send_gzip(payload, "application/json", self.offers_gzip())
+        elif path == "/gzip/text":
+            self.send_gzip(b"hello, gzip", "text/plain; charset=utf-8", self.offers_gzip())
+        elif path == "/gzip/forced":
+            self.send_gzip(b'{"forced":true}', "application/json", True)
+        elif path == "/gzip/bomb":
+            self.send_body(200, gzip_bomb(int(query.get("mib", "100"))), "application/octet-stream",
+                           extra=[("Content-Encoding", "gzip")])
+        elif path == "/loop":
+            self.send_json(302, {"loop": True}, extra=[("Location", "/loop")])
+        elif path == "/big-header":
+            self.send_body(200, b'{"big":true}', extra=[("X-Big", "a" * (1024 * int(query.get("kib", "200"))))])
+        elif path == "/many-headers":
+            line = "b" * (1024 * int(query.get("kib", "50")))
+            count = int(query.get("count", "100"))
+            self.send_body(200, b'{"many":true}', extra=[("X-Many-%d" % i, line) for i in range(count)])
+        elif path == "/close":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        elif path == "/garbage":
+            self.wfile.write(b"SSH-2.0-not-http\r\n\r\n" + b"\x00\xff" * 64)
+            self.wfile.flush()
+            self.close_connection = True
         else:
             self.send_json(404, {"status": 404, "path": path})
 

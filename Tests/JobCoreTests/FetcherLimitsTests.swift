@@ -43,7 +43,7 @@ final class FetcherLimitsTests: FetcherTestCase {
         XCTAssertEqual(response.url, upstream.url("/redirect/0"))
         XCTAssertNil(response.header("location"))
         let six = try XCTUnwrap(fetchAndWait(fetcher, FetchRequest(url: upstream.url("/redirect/6"))))
-        XCTAssertEqual(six.error?.kind, .connect)
+        XCTAssertEqual(six.error?.kind, .tooManyRedirects)
         XCTAssertEqual(six.error?.message.contains("too many redirects"), true)
     }
 

@@ -30,19 +30,27 @@ public final class FetchHandle: @unchecked Sendable {
 /// libcurl does connection reuse, the total and per-host connection limits,
 /// redirects (at most 5, http/https only), timeouts and HTTP/2 where TLS offers
 /// it. The deny list is checked on each resolved address before its socket is
-/// opened. `start` and `FetchHandle.cancel` may be called from any thread: they
-/// queue the work and wake the fetcher's thread, which makes every curl call.
+/// opened, as what the address reaches (`AddressRange.denial(of:by:)`). Bodies
+/// are asked for and decoded in every encoding libcurl knows (gzip, deflate,
+/// br, zstd); the body limit counts decoded bytes. `start` and
+/// `FetchHandle.cancel` may be called from any thread: they queue the work and
+/// wake the fetcher's thread, which makes every curl call.
 ///
 /// Error kinds (API.md §1.3) by cause:
 /// - `dns`: the host does not resolve (not retried).
-/// - `connect`: refused, reset, closed without an answer, send/receive errors
-///   (retried); also, not retried: an address in the deny list ("address … is
-///   denied (cidr)"), more than 5 redirects ("too many redirects"), a scheme
-///   other than http/https, directly or by redirect ("refused protocol"), a
-///   malformed URL.
+/// - `connect`: refused, reset, closed without an answer, an answer that is not
+///   HTTP, send/receive errors (retried); also, not retried: an address in the
+///   deny list ("address … is denied (cidr)"), a scheme other than http/https,
+///   directly or by redirect ("refused protocol"), a malformed URL, a body whose
+///   content encoding does not decode.
+/// - `too_many_redirects`: more than 5 redirects (not retried).
+/// - `resource_exhausted`: this process could not open a socket (out of file
+///   descriptors, buffers or local ports): retried, since it passes.
 /// - `timeout`: the attempt's `timeoutMs` or the connect timeout passed (retried).
 /// - `tls`: handshake or certificate failures (not retried).
-/// - `too_large`: a declared `Content-Length` or the bytes received exceed the limit.
+/// - `too_large`: a declared `Content-Length` or the decoded bytes received
+///   exceed the limit; a header line over libcurl's 100 KiB, or a header
+///   section over `Transfer.maxHeaderBytes` (256 KiB).
 /// - `http_status`: a final status outside 2xx and `acceptStatus` (5xx and 429 retried).
 /// - `invalid_json`: `expect: json` and the body does not parse.
 /// - `cancelled`: `FetchHandle.cancel()` or `shutdown()`.
@@ -142,8 +150,15 @@ final class Transfer {
     var body: [UInt8] = []
     var headers: [(name: String, value: String)] = []
     var status = 0
-    var tooLarge = false
+    /// Why the attempt is over its size limits, once it is.
+    var tooLargeReason: String?
     var deniedMessage: String?
+    /// The current response's header bytes so far, reset by each status line.
+    var headerBytes = 0
+    /// The blank line ending the current response's header section was seen.
+    var headersEnded = false
+    /// `errno` of a failed `socket()` in the opensocket callback.
+    var socketErrno: Int32 = 0
 
     init(request: FetchRequest, timeoutMs: Int?, maxBytes: Int, denyList: [AddressRange],
          onAttempt: (@Sendable (Int) -> Void)?, completion: @escaping @Sendable (FetchOutcome) -> Void) {
@@ -167,24 +182,40 @@ final class Transfer {
         body = []
         headers = []
         status = 0
-        tooLarge = false
+        tooLargeReason = nil
         deniedMessage = nil
+        headerBytes = 0
+        headersEnded = false
+        socketErrno = 0
         errorBuffer[0] = 0
     }
 
     /// Records one header line of a response; a status line starts a new response
     /// (a redirect hop or an interim `100`), so only the final one's fields remain.
-    /// Returns false when a declared length already exceeds the limit.
+    /// Returns false when a declared length already exceeds the limit, or the
+    /// header section exceeds `Transfer.maxHeaderBytes`.
     func headerLine(_ line: UnsafeBufferPointer<UInt8>) -> Bool {
         var end = line.count
         while end > 0, line[end - 1] == 10 || line[end - 1] == 13 { end -= 1 }
-        if end == 0 { return checkDeclaredLength() }
+        if end == 0 {
+            headersEnded = true
+            return checkDeclaredLength()
+        }
         let text = String(decoding: UnsafeBufferPointer(rebasing: line[0..<end]), as: UTF8.self)
         if text.hasPrefix("HTTP/") {
             headers = []
+            headerBytes = 0
+            headersEnded = false
             let parts = text.split(separator: " ", maxSplits: 2)
             status = parts.count >= 2 ? Int(parts[1]) ?? 0 : 0
             return true
+        }
+        // libcurl limits one line (100 KiB) but not how many: this bounds the
+        // memory a hostile upstream can make the header list take.
+        headerBytes += line.count
+        if headerBytes > Transfer.maxHeaderBytes {
+            tooLargeReason = "response header section larger than \(Transfer.maxHeaderBytes) bytes"
+            return false
         }
         if let first = text.first, first == " " || first == "\t" {
             // obs-fold continuation of the previous field
@@ -208,28 +239,56 @@ final class Transfer {
         if request.followRedirects, (300..<400).contains(status), headers.contains(where: { $0.name == "location" }) {
             return true
         }
+        // An encoded body's Content-Length counts the encoded bytes, and the
+        // limit counts decoded ones: only the body itself can tell.
+        if let encoding = headers.first(where: { $0.name == "content-encoding" }),
+            encoding.value.lowercased() != "identity"
+        {
+            return true
+        }
         if let declared = headers.first(where: { $0.name == "content-length" }), let length = Int(declared.value),
             length > maxBytes, method != "HEAD"
         {
-            tooLarge = true
+            tooLargeReason = bodyTooLarge
             return false
         }
         return true
     }
 
+    /// The largest header section accepted per response (status line excluded).
+    static let maxHeaderBytes = 256 * 1024
+
+    var bodyTooLarge: String { "response larger than \(maxBytes) bytes" }
+
+    /// Receives the body as decoded (gzip, deflate, br, zstd), so the limit counts decoded bytes.
     func bodyChunk(_ chunk: UnsafeBufferPointer<UInt8>) -> Bool {
         if body.count + chunk.count > maxBytes {
-            tooLarge = true
+            tooLargeReason = bodyTooLarge
             return false
         }
         body.append(contentsOf: chunk)
         return true
     }
 
+    /// The words for an `errno` that means this process ran out of descriptors,
+    /// buffers or local ports; `nil` for any other.
+    static func exhaustion(_ code: Int32) -> String? {
+        let name: String
+        switch code {
+        case EMFILE: name = "EMFILE"
+        case ENFILE: name = "ENFILE"
+        case ENOBUFS: name = "ENOBUFS"
+        case ENOMEM: name = "ENOMEM"
+        case EADDRNOTAVAIL: name = "EADDRNOTAVAIL, no free local port"
+        default: return nil
+        }
+        return "\(String(cString: strerror(code))) (\(name)) on this server"
+    }
+
     /// The opensocket check: false (and a message) for an address in the deny list.
     func allows(_ address: [UInt8]) -> Bool {
-        guard let range = denyList.first(where: { $0.contains(address) }) else { return true }
-        deniedMessage = "address \(AddressRange.format(address)) is denied (\(range))"
+        guard let denial = AddressRange.denial(of: address, by: denyList) else { return true }
+        deniedMessage = denial
         return false
     }
 }
@@ -269,7 +328,13 @@ private let openSocketCallback: curl_opensocket_callback = { user, purpose, addr
             let sin6 = raw.load(as: sockaddr_in6.self)
             bytes = withUnsafeBytes(of: sin6.sin6_addr) { Array($0) }
         }
-        if !bytes.isEmpty, !transfer.allows(bytes) { return CURL_SOCKET_BAD }
+        if bytes.isEmpty || !transfer.allows(bytes) {
+            if bytes.isEmpty { transfer.deniedMessage = "address family \(family) is not IPv4 or IPv6" }
+            return CURL_SOCKET_BAD
+        }
+        let fd = socket(family, address.pointee.socktype | Int32(SOCK_CLOEXEC.rawValue), address.pointee.protocol)
+        if fd < 0 { transfer.socketErrno = errno }
+        return fd
     }
     return socket(family, address.pointee.socktype | Int32(SOCK_CLOEXEC.rawValue), address.pointee.protocol)
 }
@@ -462,6 +527,9 @@ final class FetchLoop: @unchecked Sendable {
         check(ccurl_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, configuration.connectTimeoutMs))
         if let timeoutMs = transfer.timeoutMs { check(ccurl_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, max(1, timeoutMs))) }
         check(ccurl_easy_setopt_str(easy, CURLOPT_USERAGENT, configuration.userAgent))
+        // "" offers every encoding libcurl decodes, and turns decoding on for any
+        // Content-Encoding the upstream sends, asked for or not.
+        check(ccurl_easy_setopt_str(easy, CURLOPT_ACCEPT_ENCODING, ""))
 
         var list: UnsafeMutablePointer<curl_slist>?
         func add(_ line: String) { list = curl_slist_append(list, line) }
@@ -574,6 +642,12 @@ final class FetchLoop: @unchecked Sendable {
         ccurl_easy_getinfo_str(easy, CURLINFO_EFFECTIVE_URL, &urlPointer)
         let finalURL = urlPointer.map { String(cString: $0) } ?? transfer.request.url
         let detail = transfer.errorBuffer[0] != 0 ? String(cString: transfer.errorBuffer) : String(cString: curl_easy_strerror(code))
+        if code == CURLE_COULDNT_CONNECT, transfer.socketErrno == 0 {
+            // connect() itself failing with EADDRNOTAVAIL means no local port was free.
+            var osErrno = 0
+            ccurl_easy_getinfo_long(easy, CURLINFO_OS_ERRNO, &osErrno)
+            if Int32(truncatingIfNeeded: osErrno) == EADDRNOTAVAIL { transfer.socketErrno = EADDRNOTAVAIL }
+        }
         let retryAfterMs = transfer.headers.first(where: { $0.name == "retry-after" }).flatMap { Int($0.value.trimmingSpacesString()) }
             .map { min(max(0, $0), 60) * 1000 }
         releaseEasy(transfer)
@@ -625,11 +699,21 @@ final class FetchLoop: @unchecked Sendable {
     }
 
     private func classify(_ code: CURLcode, transfer: Transfer, what: String, detail: String) -> (NodeError, Bool) {
-        if transfer.tooLarge || code == CURLE_FILESIZE_EXCEEDED {
-            return (NodeError(.tooLarge, "\(what): response larger than \(transfer.maxBytes) bytes"), false)
+        if let reason = transfer.tooLargeReason {
+            return (NodeError(.tooLarge, "\(what): \(reason)"), false)
+        }
+        if code == CURLE_FILESIZE_EXCEEDED {
+            return (NodeError(.tooLarge, "\(what): \(transfer.bodyTooLarge)"), false)
+        }
+        // libcurl 7.x reports a header line over its 100 KiB buffer as "out of memory".
+        if code == CURLE_OUT_OF_MEMORY, !transfer.headersEnded {
+            return (NodeError(.tooLarge, "\(what): a response header line is larger than libcurl's 100 KiB limit"), false)
         }
         if let denied = transfer.deniedMessage, code == CURLE_COULDNT_CONNECT {
             return (NodeError(.connect, "\(what): \(denied)"), false)
+        }
+        if code == CURLE_COULDNT_CONNECT, let exhausted = Transfer.exhaustion(transfer.socketErrno) {
+            return (NodeError(.resourceExhausted, "\(what): cannot open a socket: \(exhausted)"), true)
         }
         switch code {
         case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY:
@@ -640,7 +724,10 @@ final class FetchLoop: @unchecked Sendable {
             CURLE_HTTP2, CURLE_HTTP2_STREAM, CURLE_WEIRD_SERVER_REPLY, CURLE_HTTP3, CURLE_QUIC_CONNECT_ERROR:
             return (NodeError(.connect, "\(what): \(detail)"), true)
         case CURLE_TOO_MANY_REDIRECTS:
-            return (NodeError(.connect, "\(what): too many redirects (more than 5)"), false)
+            return (NodeError(.tooManyRedirects, "\(what): too many redirects (more than 5)"), false)
+        case CURLE_UNSUPPORTED_PROTOCOL where transfer.status == 0 && detail.contains("HTTP/0.9"):
+            // Bytes that are not an HTTP response: a broken upstream, like a reset.
+            return (NodeError(.connect, "\(what): the upstream's answer is not HTTP"), true)
         case CURLE_UNSUPPORTED_PROTOCOL:
             return (NodeError(.connect, "\(what): refused protocol (only http and https are allowed): \(detail)"), false)
         case CURLE_URL_MALFORMAT:

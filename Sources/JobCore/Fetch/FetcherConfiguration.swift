@@ -13,7 +13,8 @@ public struct FetcherConfiguration: Sendable {
     /// The body limit of a request that has no `maxBytes` (`--max-response-bytes`).
     public var maxResponseBytes = 10 * 1024 * 1024
     /// Address ranges no connection may be opened to (`--deny-cidr`), IPv4 or IPv6
-    /// (`a.b.c.d/n`, `x:y::z/n`, or a bare address); checked on the resolved address.
+    /// (`a.b.c.d/n`, `x:y::z/n`, or a bare address); checked on the resolved
+    /// address as what it reaches (`AddressRange.denial(of:by:)`).
     public var denyCIDRs: [String] = ["169.254.0.0/16"]
     /// The connect phase's limit per attempt.
     public var connectTimeoutMs = 10_000
@@ -89,6 +90,52 @@ public struct AddressRange: Equatable, Sendable, CustomStringConvertible {
         }
         return true
     }
+
+    /// Why a connection to `address` (4 or 16 bytes) is refused by `ranges`, or
+    /// `nil` when it is allowed. The address is checked as what a connection
+    /// to it reaches:
+    /// - an IPv4-mapped (`::ffff:a.b.c.d`) or IPv4-compatible (`::a.b.c.d`)
+    ///   IPv6 address also as its IPv4 address;
+    /// - an unspecified address (`0.0.0.0/8`, `::`, or either inside an IPv6
+    ///   form) reaches this host (Linux connects `0.0.0.0` to `127.0.0.1` and
+    ///   `::` to `::1`), so it is also checked as `127.0.0.1` and `::1`: it is
+    ///   refused whenever a range holding either loopback address is denied.
+    public static func denial(of address: [UInt8], by ranges: [AddressRange]) -> String? {
+        guard !ranges.isEmpty else { return nil }
+        var candidates = [address]
+        var v4: [UInt8]?
+        if address.count == 4 {
+            v4 = address
+        } else if address.count == 16, address[0..<10].allSatisfy({ $0 == 0 }) {
+            let mapped = address[10] == 0xff && address[11] == 0xff
+            let compatible = address[10] == 0 && address[11] == 0
+            // ::1 is the IPv6 loopback, not the IPv4-compatible 0.0.0.1.
+            if mapped || (compatible && address != loopback6) { v4 = Array(address[12..<16]) }
+        }
+        var unspecified = false
+        if let v4 {
+            // The IPv4 form first, so the message names it.
+            if v4 != address { candidates.insert(v4, at: 0) }
+            unspecified = v4[0] == 0
+        }
+        if unspecified {
+            candidates.append(loopback4)
+            candidates.append(loopback6)
+        }
+        for candidate in candidates {
+            guard let range = ranges.first(where: { $0.contains(candidate) }) else { continue }
+            let shown = format(address)
+            if candidate == address { return "address \(shown) is denied (\(range))" }
+            if unspecified, candidate == loopback4 || candidate == loopback6 {
+                return "address \(shown) reaches this host and is denied as \(format(candidate)) (\(range))"
+            }
+            return "address \(shown) is denied as \(format(candidate)) (\(range))"
+        }
+        return nil
+    }
+
+    private static let loopback4: [UInt8] = [127, 0, 0, 1]
+    private static let loopback6: [UInt8] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
 
     /// The 4 or 16 bytes of a textual IPv4 or IPv6 address, or `nil`.
     public static func parseAddress(_ text: String) -> [UInt8]? {
