@@ -40,10 +40,10 @@ public final class Engine: @unchecked Sendable {
     let settledJobs: SettledJobCache
     /// Makes a settled job's answer; `nil`: settled jobs are not cached.
     private let renderSettled: (@Sendable (JobRecord) -> [UInt8])?
-    /// Store reads and the answers made from them run here, never on a caller's (event-loop) thread nor on `queue`:
-    /// a fixed set of serial queues, taken in turn, so at most this many threads read at once.
-    let readQueues = (0..<8).map { DispatchQueue(label: "jobserver.read.\($0)") }
-    private let readTurn = Atomic<Int>(0)
+    /// Store reads and the answers made from them run here, never on a caller's (event-loop) thread nor on `queue`.
+    let reads = ReadPool(queues: 8)
+    /// The read pool's queues (tests hold them to play a slow store).
+    var readQueues: [DispatchQueue] { reads.queues }
 
     /// - Parameters:
     ///   - store: where jobs live.
@@ -229,10 +229,9 @@ public final class Engine: @unchecked Sendable {
     // once, anything else is looked up on `queue` (with `async`) and in the store on a read queue. Completions run
     // on a read queue (or, for a cache hit, on the caller's thread), so they may build large answers there.
 
-    /// Runs `work` on the next read queue.
+    /// Runs `work` on the read queue with the least work waiting.
     private func onReadQueue(_ work: @escaping @Sendable () -> Void) {
-        let turn = readTurn.wrappingAdd(1, ordering: .relaxed).newValue & Int.max
-        readQueues[turn % readQueues.count].async(execute: work)
+        reads.async(work)
     }
 
     /// The job as `GET /v1/jobs/{id}` shows it: a settled job's answer made once (from the cache without touching
@@ -661,6 +660,43 @@ final class Waiter: Cancellable, @unchecked Sendable {
         }
         timer?.cancel()
         return cb
+    }
+}
+
+/// A fixed set of serial queues for reads: at most this many threads read at once, and each piece of work goes to
+/// the queue with the least waiting, so a small read does not queue behind a read of many megabytes while another
+/// queue is idle.
+final class ReadPool: Sendable {
+    let queues: [DispatchQueue]
+    /// Work items given to each queue and not finished.
+    private let waiting: [Counter]
+
+    private final class Counter: Sendable {
+        let value = Atomic<Int>(0)
+    }
+
+    init(queues count: Int) {
+        queues = (0..<max(1, count)).map { DispatchQueue(label: "jobserver.read.\($0)") }
+        waiting = (0..<max(1, count)).map { _ in Counter() }
+    }
+
+    func async(_ work: @escaping @Sendable () -> Void) {
+        var best = 0
+        var least = Int.max
+        for k in waiting.indices {
+            let n = waiting[k].value.load(ordering: .relaxed)
+            if n < least {
+                least = n
+                best = k
+                if n == 0 { break }
+            }
+        }
+        let counter = waiting[best]
+        counter.value.add(1, ordering: .relaxed)
+        queues[best].async {
+            work()
+            counter.value.subtract(1, ordering: .relaxed)
+        }
     }
 }
 
