@@ -30,7 +30,8 @@ enum Route: CaseIterable {
     }
 
     /// Whether answering may wait for the store's writer (a durable commit or a flush),
-    /// which must not happen on an event-loop thread.
+    /// which must not happen on an event-loop thread. The others are answered without blocking: at once, or through
+    /// the engine's asynchronous reads.
     var waitsForDisk: Bool {
         switch self {
         case .submitJob, .cancelJob, .deleteJob, .listJobs, .getNodeBody: return true
@@ -41,10 +42,10 @@ enum Route: CaseIterable {
 
 /// The jobserver HTTP API over an `Engine`: routes, JSON in and out, errors of API.md §3.
 ///
-/// Handlers run on event-loop threads and never block there: plain reads go to the engine
-/// directly (fast, no fsync); routes that write or wait for the store's writer (submit,
-/// cancel, delete, list and body, which flush) run on `diskQueues`; a long-poll holds no
-/// thread at all.
+/// Handlers run on event-loop threads and never block there: reads of jobs and nodes and `/metrics` ask the
+/// engine, which answers through a completion (store reads and large answers on its read queues); routes that
+/// write or wait for the store's writer (submit, cancel, delete, list and body, which flush) run on `diskQueues`;
+/// a long-poll holds no thread at all.
 final class App: @unchecked Sendable {
     private let engine: Engine
     private let fetcher: Fetcher
@@ -252,12 +253,20 @@ final class App: @unchecked Sendable {
     private func getJob(_ request: APIRequest, _ exchange: Exchange) throws {
         let query = try QueryParameters.jobWait(request.queryItems)
         let id = request.pathParameters["id"] ?? ""
+        let ifNoneMatch = request.headers["If-None-Match"]
         guard let wait = query.waitSeconds, wait > 0, !isShuttingDown else {
-            guard let job = try engine.job(id: id) else {
-                exchange.send(Self.jobNotFound(id))
-                return
+            engine.readJob(id: id) { [self] result in
+                switch result {
+                case .success(.settled(let settled)):
+                    exchange.send(Self.jobAnswer(id: settled.id, version: settled.version, ifNoneMatch: ifNoneMatch) { settled.body })
+                case .success(.record(let job)):
+                    exchange.send(Self.jobAnswer(job, ifNoneMatch: ifNoneMatch))
+                case .success(.notFound):
+                    exchange.send(Self.jobNotFound(id))
+                case .failure(let error):
+                    exchange.send(internalError(error, exchange))
+                }
             }
-            exchange.send(Self.json(200, Presentation.job(job)))
             return
         }
         let token = engine.waitForChange(id: id, afterVersion: query.sinceVersion, timeoutMs: wait * 1000) { job in
@@ -265,7 +274,7 @@ final class App: @unchecked Sendable {
                 exchange.send(Self.jobNotFound(id))
                 return
             }
-            exchange.send(Self.json(200, Presentation.job(job)))
+            exchange.send(Self.jobAnswer(job, ifNoneMatch: ifNoneMatch))
         }
         if let token {
             let box = CancellableBox(token)
@@ -302,31 +311,46 @@ final class App: @unchecked Sendable {
     private func listNodes(_ request: APIRequest, _ exchange: Exchange) throws {
         let includeResult = try QueryParameters.includeResult(request.queryItems)
         let id = request.pathParameters["id"] ?? ""
-        guard let nodes = try engine.nodes(jobID: id, includeResults: includeResult) else {
-            exchange.send(Self.jobNotFound(id))
-            return
+        engine.nodes(jobID: id, includeResults: includeResult) { [self] result in
+            switch result {
+            case .success(let nodes?):
+                exchange.send(Self.json(200, Presentation.nodeList(nodes, includeResult: includeResult)))
+            case .success(nil):
+                exchange.send(Self.jobNotFound(id))
+            case .failure(let error):
+                exchange.send(internalError(error, exchange))
+            }
         }
-        exchange.send(Self.json(200, Presentation.nodeList(nodes, includeResult: includeResult)))
     }
 
     private func getNode(_ request: APIRequest, _ exchange: Exchange) throws {
         let id = request.pathParameters["id"] ?? ""
         let nodeID = request.pathParameters["node"] ?? ""
-        guard let node = try engine.node(jobID: id, nodeID: nodeID) else {
-            exchange.send(try nodeNotFound(id, nodeID))
-            return
+        engine.node(jobID: id, nodeID: nodeID) { [self] result in
+            switch result {
+            case .success(.found(let node)):
+                exchange.send(Self.json(200, Presentation.node(node, includeResult: true)))
+            case .success(let missing):
+                exchange.send(Self.nodeNotFound(id, nodeID, missing))
+            case .failure(let error):
+                exchange.send(internalError(error, exchange))
+            }
         }
-        exchange.send(Self.json(200, Presentation.node(node, includeResult: true)))
     }
 
     private func getNodeBody(_ request: APIRequest, _ exchange: Exchange) throws {
         let id = request.pathParameters["id"] ?? ""
         let nodeID = request.pathParameters["node"] ?? ""
         guard let body = try engine.body(jobID: id, nodeID: nodeID) else {
-            if try engine.node(jobID: id, nodeID: nodeID) != nil {
-                exchange.send(Self.error(404, "not_found", "node \(nodeID) of job \(id) has no stored response body"))
-            } else {
-                exchange.send(try nodeNotFound(id, nodeID))
+            engine.node(jobID: id, nodeID: nodeID) { [self] result in
+                switch result {
+                case .success(.found):
+                    exchange.send(Self.error(404, "not_found", "node \(nodeID) of job \(id) has no stored response body"))
+                case .success(let missing):
+                    exchange.send(Self.nodeNotFound(id, nodeID, missing))
+                case .failure(let error):
+                    exchange.send(internalError(error, exchange))
+                }
             }
             return
         }
@@ -345,12 +369,14 @@ final class App: @unchecked Sendable {
     }
 
     private func metrics(_ exchange: Exchange) {
-        let snapshot = MetricsSnapshot(engine: engine.metrics, fetcher: fetcher.stats, http: httpRequests.snapshot)
-        let text = PrometheusText.render(snapshot)
-        exchange.send(
-            HTTPResponse(
-                status: 200, headers: HTTPHeaders([("Content-Type", PrometheusText.contentType)]),
-                body: Array(text.utf8)))
+        engine.metrics { [fetcher, httpRequests] metrics in
+            let snapshot = MetricsSnapshot(engine: metrics, fetcher: fetcher.stats, http: httpRequests.snapshot)
+            let text = PrometheusText.render(snapshot)
+            exchange.send(
+                HTTPResponse(
+                    status: 200, headers: HTTPHeaders([("Content-Type", PrometheusText.contentType)]),
+                    body: Array(text.utf8)))
+        }
     }
 
     // MARK: Answers
@@ -358,6 +384,36 @@ final class App: @unchecked Sendable {
     /// A JSON response.
     static func json(_ status: Int, _ value: JSONValue) -> HTTPResponse {
         HTTPResponse(status: status, headers: HTTPHeaders([("Content-Type", "application/json")]), body: value.bytes)
+    }
+
+    /// A job's strong entity tag: a job's answer changes exactly when its version does.
+    static func etag(id: String, version: Int64) -> String { "\"\(id)-\(version)\"" }
+
+    /// Whether an `If-None-Match` header names `etag` (or is `*`); compared weakly, as RFC 9110 §13.1.2 says.
+    static func ifNoneMatch(_ header: String?, matches etag: String) -> Bool {
+        guard let header else { return false }
+        for part in header.split(separator: ",") {
+            var tag = part.trimmingCharacters(in: CharacterSet(charactersIn: " \t"))[...]
+            if tag == "*" { return true }
+            if tag.hasPrefix("W/") { tag = tag.dropFirst(2) }
+            if tag == etag[...] { return true }
+        }
+        return false
+    }
+
+    /// A job's answer with its `ETag`: `304 Not Modified` without a body when `If-None-Match` names it, else `200`
+    /// with the body `makeBody` gives.
+    static func jobAnswer(id: String, version: Int64, ifNoneMatch: String?, _ makeBody: () -> [UInt8]) -> HTTPResponse {
+        let tag = etag(id: id, version: version)
+        if Self.ifNoneMatch(ifNoneMatch, matches: tag) {
+            return HTTPResponse(status: 304, headers: HTTPHeaders([("ETag", tag)]))
+        }
+        return HTTPResponse(
+            status: 200, headers: HTTPHeaders([("Content-Type", "application/json"), ("ETag", tag)]), body: makeBody())
+    }
+
+    static func jobAnswer(_ job: JobRecord, ifNoneMatch: String?) -> HTTPResponse {
+        jobAnswer(id: job.id, version: job.version, ifNoneMatch: ifNoneMatch) { Presentation.jobBytes(job) }
     }
 
     /// An API error of §3.
@@ -379,9 +435,9 @@ final class App: @unchecked Sendable {
         error(404, "not_found", "no job with id \(id)")
     }
 
-    private func nodeNotFound(_ id: String, _ nodeID: String) throws -> HTTPResponse {
-        guard try engine.job(id: id) != nil else { return Self.jobNotFound(id) }
-        return Self.error(404, "not_found", "job \(id) has no node \(nodeID)")
+    private static func nodeNotFound(_ id: String, _ nodeID: String, _ missing: NodeLookup) -> HTTPResponse {
+        if case .noSuchJob = missing { return jobNotFound(id) }
+        return error(404, "not_found", "job \(id) has no node \(nodeID)")
     }
 
     private func internalError(_ error: Error, _ exchange: Exchange) -> HTTPResponse {

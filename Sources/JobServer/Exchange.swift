@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import JobCore
+import Synchronization
 
 /// A request as the routes see it: what they need of `HTTPRequest`, built by tests without a socket.
 struct APIRequest {
@@ -67,13 +68,16 @@ final class Exchange: @unchecked Sendable {
         guard first else { return }
         var response = response
         response.headers.set("X-Request-Id", requestID)
-        let durationMs = Int((DispatchTime.now().uptimeNanoseconds - startedNs + 500_000) / 1_000_000)
-        logger.info(
-            "request",
-            [
-                "request_id": .string(requestID), "method": .string(method), "path": .string(path),
-                "status": .int(response.status), "duration_ms": .int(durationMs),
-            ])
+        // The fields are only built when the line is written: on a busy read route they cost more than the answer.
+        if logger.minimumLevel <= .info {
+            let durationMs = Int((DispatchTime.now().uptimeNanoseconds - startedNs + 500_000) / 1_000_000)
+            logger.info(
+                "request",
+                [
+                    "request_id": .string(requestID), "method": .string(method), "path": .string(path),
+                    "status": .int(response.status), "duration_ms": .int(durationMs),
+                ])
+        }
         deliver(response)
     }
 
@@ -87,14 +91,37 @@ final class Exchange: @unchecked Sendable {
         {
             return given
         }
-        var generator = SystemRandomNumberGenerator()
-        let high = generator.next() as UInt64
-        let low = generator.next() as UInt64
-        return hex(high) + hex(low)
+        return freshID()
     }
 
-    private static func hex(_ value: UInt64) -> String {
-        let digits = String(value, radix: 16)
-        return String(repeating: "0", count: 16 - digits.count) + digits
+    /// Seeds from the system's generator, once: two `getrandom` calls per request cost more than a cached answer.
+    private static let idSeed: (UInt64, UInt64) = {
+        var generator = SystemRandomNumberGenerator()
+        return (generator.next(), generator.next())
+    }()
+    private static let idCounter = Atomic<UInt64>(0)
+
+    /// 32 hex digits, never the same twice in a process (splitmix64's finaliser is a bijection of the counter) and
+    /// not guessable from earlier ones without the random seed.
+    static func freshID() -> String {
+        let n = idCounter.wrappingAdd(1, ordering: .relaxed).newValue
+        let high = mix(idSeed.0 &+ n)
+        let low = mix(idSeed.1 ^ (n &* 0x9E37_79B9_7F4A_7C15))
+        return String(unsafeUninitializedCapacity: 32) { buffer in
+            let digits: StaticString = "0123456789abcdef"
+            let table = digits.utf8Start
+            for i in 0..<16 {
+                buffer[i] = table[Int((high >> (60 - 4 * UInt64(i))) & 0xF)]
+                buffer[16 + i] = table[Int((low >> (60 - 4 * UInt64(i))) & 0xF)]
+            }
+            return 32
+        }
+    }
+
+    private static func mix(_ value: UInt64) -> UInt64 {
+        var z = value &+ 0x9E37_79B9_7F4A_7C15
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
     }
 }

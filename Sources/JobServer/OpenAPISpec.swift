@@ -302,7 +302,19 @@ paths:
         wait, the answer is `404`. When the server shuts down during the wait,
         the poll is answered at once with the job as it is (a complete answer)
         before the connection closes.
+
+        Every answer carries a strong `ETag`, `"<id>-<version>"`: a job's answer
+        changes exactly when its version does. When `If-None-Match` names it
+        (or is `*`), the answer is `304 Not Modified` without a body, for a
+        running job as for a settled one, and also when a long-poll answers
+        with the version the client named. A settled job's answer is made once
+        and kept in memory (`--settled-cache-bytes`).
       parameters:
+        - name: If-None-Match
+          in: header
+          description: entity tags seen before (`"<id>-<version>"`, comma-separated, or `*`)
+          schema:
+            type: string
         - name: wait
           in: query
           description: seconds to wait for a change, 0–60 (integer)
@@ -323,10 +335,19 @@ paths:
           headers:
             X-Request-Id:
               $ref: "#/components/headers/RequestId"
+            ETag:
+              $ref: "#/components/headers/JobETag"
           content:
             application/json:
               schema:
                 $ref: "#/components/schemas/Job"
+        "304":
+          description: the job's answer is the one `If-None-Match` named; no body
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+            ETag:
+              $ref: "#/components/headers/JobETag"
         "400":
           $ref: "#/components/responses/BadRequest"
         "401":
@@ -727,6 +748,11 @@ components:
       schema:
         type: string
         minLength: 1
+    JobETag:
+      description: the job's strong entity tag, `"<id>-<version>"`
+      required: true
+      schema:
+        type: string
     RetryAfter:
       description: seconds after which a retry may succeed
       required: true

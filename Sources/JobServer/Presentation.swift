@@ -57,6 +57,9 @@ enum Presentation {
         return .object(members)
     }
 
+    /// The bytes of `GET /v1/jobs/{id}`'s answer: the job object with its result.
+    @Sendable static func jobBytes(_ record: JobRecord) -> [UInt8] { job(record).bytes }
+
     /// One node of `GET /v1/jobs/{id}/nodes`; `result` only when asked for.
     static func node(_ node: NodeRecord, includeResult: Bool) -> JSONValue {
         var members = [

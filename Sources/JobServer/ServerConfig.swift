@@ -21,6 +21,7 @@ struct ServerConfig: Equatable {
     /// The longest a whole request (head and body) may take to arrive before `408`.
     var requestTimeoutMs: Int64 = 30_000
     var maxActiveJobs = 10_000
+    var settledCacheBytes = 64 << 20
     var logLevel = Logger.Level.info
 }
 
@@ -110,6 +111,10 @@ enum CommandLineParser {
         },
         Option(flag: "--max-active-jobs", help: "pending and running jobs before 429 (default 10000)") { c, v, _ in
             c.maxActiveJobs = try integer(v, flag: "--max-active-jobs", in: 1...100_000_000)
+        },
+        Option(flag: "--settled-cache-bytes", help: "settled jobs' answers kept in memory (default 64MiB; 0 = none)") {
+            c, v, _ in
+            c.settledCacheBytes = v.trimmingCharacters(in: .whitespaces) == "0" ? 0 : try size(v, flag: "--settled-cache-bytes")
         },
         Option(flag: "--log-level", help: "debug, info, warning or error (default info)") { c, v, _ in
             switch v.lowercased() {
@@ -265,6 +270,7 @@ extension ServerConfig {
         c.maxConcurrentFetches = maxConcurrentFetches
         c.maxPerHost = maxPerHost
         c.retentionMs = retentionMs
+        c.settledCacheBytes = settledCacheBytes
         return c
     }
 

@@ -37,7 +37,8 @@ final class Service: @unchecked Sendable {
         } catch {
             throw StartupError(step: "start the fetcher", underlying: error)
         }
-        engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger)
+        engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
+            renderSettled: Presentation.jobBytes)
         app = App(engine: engine, fetcher: fetcher, config: config, logger: logger)
         server = HTTPServer(configuration: app.makeServerConfiguration(), router: app.makeRouter())
     }

@@ -80,8 +80,29 @@ final class EngineTests: XCTestCase {
         throw UpstreamError("job \(id) did not settle within \(seconds) s")
     }
 
+    /// The job as it is now (a long-poll that does not wait).
+    func current(_ engine: Engine, _ id: String) throws -> JobRecord? {
+        let done = DispatchSemaphore(value: 0)
+        let box = Box<JobRecord?>(nil)
+        _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 0) { job in
+            box.value = job
+            done.signal()
+        }
+        guard done.wait(timeout: .now() + 10) == .success else { throw UpstreamError("no answer for \(id) within 10 s") }
+        return box.value
+    }
+
     func nodes(_ engine: Engine, _ id: String) throws -> [String: NodeRecord] {
-        let list = try engine.nodes(jobID: id, includeResults: true) ?? []
+        let done = DispatchSemaphore(value: 0)
+        let box = Box<Result<[NodeRecord]?, Error>?>(nil)
+        engine.nodes(jobID: id, includeResults: true) { result in
+            box.value = result
+            done.signal()
+        }
+        guard done.wait(timeout: .now() + 10) == .success, let result = box.value else {
+            throw UpstreamError("no nodes of \(id) within 10 s")
+        }
+        let list = try result.get() ?? []
         return Dictionary(uniqueKeysWithValues: list.map { ($0.id, $0) })
     }
 
@@ -389,7 +410,7 @@ final class EngineTests: XCTestCase {
               {"type":"fetch","url":\(u("/count/step3"))}]}}
             """)
         Thread.sleep(forTimeInterval: 0.4)  // step 1 done, step 2 in flight
-        let startedBefore = try XCTUnwrap(try first.job(id: job.id)?.startedAt)
+        let startedBefore = try XCTUnwrap(try current(first, job.id)?.startedAt)
         first.shutdown(gracePeriodMs: 2000)
         engines.removeAll()
         let second = try makeEngine(dbName: "resume.sqlite")

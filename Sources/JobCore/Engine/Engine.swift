@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// Runs jobs: turns each submitted graph into a tree of Deferreds, hands its
 /// fetches to the shared `Fetcher` through one fair, bounded queue, records
@@ -27,19 +28,40 @@ public final class Engine: @unchecked Sendable {
     private var sweepTimer: DispatchSourceTimer?
     private var retiring: [JobRun] = []
     private var retireScheduled = false
-    /// Settled jobs change no more (but for deletion): the most recently read stay in memory.
-    private let settledJobs = SettledJobCache(capacity: 1024)
+    // Owned by `queue`: what `/metrics` shows, kept as the engine goes so that a scrape reads no store.
+    /// Every stored job by state: from the store at start, then moved at each state change, delete and sweep.
+    private var jobsByState: [NodeState: Int] = [:]
+    /// The nodes of the runs in memory by state.
+    private var nodesByState: [NodeState: Int] = [:]
+    /// The state each run's job is counted in, by job id.
+    private var countedJobState: [String: NodeState] = [:]
+
+    /// Settled jobs change no more (but for deletion): their answers, made once, stay in memory up to a byte bound.
+    let settledJobs: SettledJobCache
+    /// Makes a settled job's answer; `nil`: settled jobs are not cached.
+    private let renderSettled: (@Sendable (JobRecord) -> [UInt8])?
+    /// Store reads and the answers made from them run here, never on a caller's (event-loop) thread nor on `queue`.
+    let reads = ReadPool(queues: 8)
+    /// The read pool's queues (tests hold them to play a slow store).
+    var readQueues: [DispatchQueue] { reads.queues }
 
     /// - Parameters:
     ///   - store: where jobs live.
     ///   - fetcher: runs the transfers.
     ///   - configuration: limits and bounds.
     ///   - logger: one line per job state change.
-    public init(store: JobStore, fetcher: Fetcher, configuration: EngineConfiguration, logger: Logger) {
+    ///   - renderSettled: a settled job's answer to a read (the bytes of its JSON), kept in the settled-job cache
+    ///     (`configuration.settledCacheBytes`); `nil` keeps nothing.
+    public init(
+        store: JobStore, fetcher: Fetcher, configuration: EngineConfiguration, logger: Logger,
+        renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil
+    ) {
         self.store = store
         self.fetcher = fetcher
         self.configuration = configuration
         self.logger = logger
+        self.renderSettled = renderSettled
+        self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
         self.scheduler = DispatchQueueScheduler(queue: queue)
         self.fetchQueue = FetchQueue(maxTotal: configuration.maxConcurrentFetches, maxPerHost: configuration.maxPerHost)
     }
@@ -50,14 +72,19 @@ public final class Engine: @unchecked Sendable {
     /// - Throws: `StoreError` when the store cannot be read.
     public func start() throws {
         let unfinished = try store.unfinishedJobs()
+        let counts = try store.jobCounts()
         var resumed = 0
         var refused: [JobRecord] = []
         queue.sync { () -> Void in
+            jobsByState = counts
             for (job, nodes) in unfinished {
+                // `activate` counts the job again in the state it resumes in.
+                jobsByState[job.state, default: 0] -= 1
                 if let run = rebuild(job, nodes) {
                     activate(run)
                     resumed += 1
                 } else {
+                    jobsByState[.failed, default: 0] += 1
                     refused.append(job)
                 }
             }
@@ -189,24 +216,57 @@ public final class Engine: @unchecked Sendable {
     private func activate(_ run: JobRun) {
         runs[run.id] = run
         if !run.record.state.isSettled { unsettledJobs += 1 }
+        countedJobState[run.id] = run.record.state
+        jobsByState[run.record.state, default: 0] += 1
+        for state in NodeState.allCases { nodesByState[state, default: 0] += run.record.progress[state] }
         run.begin()
         schedulePump()
     }
 
     // MARK: - Reading
+    //
+    // Reads take a completion and never wait on the caller's thread: a settled job's cached answer is handed over at
+    // once, anything else is looked up on `queue` (with `async`) and in the store on a read queue. Completions run
+    // on a read queue (or, for a cache hit, on the caller's thread), so they may build large answers there.
 
-    /// The job, live while it runs.
-    public func job(id: String) throws -> JobRecord? {
-        if let live = queue.sync(execute: { runs[id]?.record }) { return live }
-        return try storedJob(id: id)
+    /// Runs `work` on the read queue with the least work waiting.
+    private func onReadQueue(_ work: @escaping @Sendable () -> Void) {
+        reads.async(work)
     }
 
-    /// A job no longer in memory: from the cache of settled jobs, else from the store.
+    /// The job as `GET /v1/jobs/{id}` shows it: a settled job's answer made once (from the cache without touching
+    /// `queue`), else the live record, else the stored one (read without its submitted request).
+    public func readJob(id: String, _ completion: @escaping @Sendable (Result<JobRead, Error>) -> Void) {
+        if let settled = settledJobs[id] {
+            completion(.success(.settled(settled)))
+            return
+        }
+        queue.async {
+            let live = self.runs[id]?.record
+            self.onReadQueue {
+                if let live {
+                    completion(.success(.record(live)))
+                } else {
+                    completion(Result { try self.readStoredJob(id: id) })
+                }
+            }
+        }
+    }
+
+    /// A job no longer in memory, from the store; a settled one's answer is made and kept. On a read queue.
+    private func readStoredJob(id: String) throws -> JobRead {
+        // Taken before the read: a delete meanwhile must not be undone by keeping what was read before it.
+        let removals = settledJobs.removals
+        guard let job = try store.jobWithoutRequest(id: id) else { return .notFound }
+        guard job.state.isSettled, let renderSettled else { return .record(job) }
+        let settled = SettledJob(id: job.id, version: job.version, body: renderSettled(job))
+        settledJobs.insert(settled, ifNoRemovalSince: removals)
+        return .settled(settled)
+    }
+
+    /// A job no longer in memory, as a record, without its submitted request.
     private func storedJob(id: String) throws -> JobRecord? {
-        if let settled = settledJobs[id] { return settled }
-        let job = try store.job(id: id)
-        if let job, job.state.isSettled { settledJobs.insert(job) }
-        return job
+        try store.jobWithoutRequest(id: id)
     }
 
     /// Jobs newest first, with live state for running ones.
@@ -230,45 +290,65 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// The job's nodes in tree order; `nil` when there is no such job.
-    public func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord]? {
-        let live: [NodeRecord]? = queue.sync {
-            guard let run = runs[jobID] else { return nil }
-            return includeResults ? run.nodes : run.nodes.map { var n = $0; n.result = nil; return n }
+    public func nodes(
+        jobID: String, includeResults: Bool, _ completion: @escaping @Sendable (Result<[NodeRecord]?, Error>) -> Void
+    ) {
+        queue.async {
+            let live = self.runs[jobID]?.nodes
+            self.onReadQueue {
+                if let live {
+                    completion(.success(includeResults ? live : live.map { var n = $0; n.result = nil; return n }))
+                    return
+                }
+                completion(
+                    Result {
+                        guard try self.store.jobState(id: jobID) != nil else { return nil }
+                        return try self.store.nodes(jobID: jobID, includeResults: includeResults)
+                    })
+            }
         }
-        if let live { return live }
-        guard try store.job(id: jobID) != nil else { return nil }
-        return try store.nodes(jobID: jobID, includeResults: includeResults)
     }
 
-    /// One node with its result.
-    public func node(jobID: String, nodeID: String) throws -> NodeRecord? {
-        let live: NodeRecord?? = queue.sync {
-            guard let run = runs[jobID] else { return nil }
-            return .some(run.graph.index(ofNodeID: nodeID).map { run.nodes[$0] })
+    /// One node with its result, or which of job and node is missing.
+    public func node(jobID: String, nodeID: String, _ completion: @escaping @Sendable (Result<NodeLookup, Error>) -> Void) {
+        queue.async {
+            let live: NodeLookup? = self.runs[jobID].map { run in
+                run.graph.index(ofNodeID: nodeID).map { .found(run.nodes[$0]) } ?? .noSuchNode
+            }
+            self.onReadQueue {
+                if let live {
+                    completion(.success(live))
+                    return
+                }
+                completion(
+                    Result {
+                        if let node = try self.store.node(jobID: jobID, nodeID: nodeID) { return .found(node) }
+                        return try self.store.jobState(id: jobID) == nil ? .noSuchJob : .noSuchNode
+                    })
+            }
         }
-        if let live { return live }
-        return try store.node(jobID: jobID, nodeID: nodeID)
     }
 
-    /// A fetch node's raw response body.
+    /// A fetch node's raw response body. Waits for the store's writer: not for an event-loop thread.
     public func body(jobID: String, nodeID: String) throws -> StoredBody? {
         try store.flush()
         return try store.body(jobID: jobID, nodeID: nodeID)
     }
 
-    /// A snapshot of the counters for `/metrics`.
-    public var metrics: EngineMetrics {
-        var m = EngineMetrics()
-        queue.sync {
-            for run in runs.values {
-                for state in NodeState.allCases { m.nodesByState[state, default: 0] += run.record.progress[state] }
+    /// A snapshot of the counters for `/metrics`, from what the engine keeps as it goes (no store read).
+    public func metrics(_ completion: @escaping @Sendable (EngineMetrics) -> Void) {
+        queue.async {
+            var m = EngineMetrics()
+            for state in NodeState.allCases {
+                m.jobsByState[state] = self.jobsByState[state] ?? 0
+                m.nodesByState[state] = self.nodesByState[state] ?? 0
             }
-            m.activeJobs = unsettledJobs
-            m.pendingFetches = fetchQueue.waiting
-            m.fetchesInFlight = fetchQueue.inFlight
+            m.activeJobs = self.unsettledJobs
+            m.pendingFetches = self.fetchQueue.waiting
+            m.fetchesInFlight = self.fetchQueue.inFlight
+            let snapshot = m
+            self.onReadQueue { completion(snapshot) }
         }
-        m.jobsByState = (try? store.jobCounts()) ?? [:]
-        return m
     }
 
     // MARK: - Cancelling and deleting
@@ -308,7 +388,10 @@ public final class Engine: @unchecked Sendable {
         if let active { return .active(active) }
         settledJobs.remove(id)
         try store.flush()
-        return try store.deleteJob(id: id) ? .deleted : .notFound
+        let state = try store.jobState(id: id)
+        guard try store.deleteJob(id: id) else { return .notFound }
+        if let state { queue.async { self.jobsByState[state, default: 0] -= 1 } }
+        return .deleted
     }
 
     // MARK: - Long-polling
@@ -445,6 +528,18 @@ public final class Engine: @unchecked Sendable {
     func jobStateChanged(_ run: JobRun) {
         logger.info("job state", ["job": .string(run.id), "state": .string(run.record.state.rawValue), "version": .int(run.record.version)])
         if run.record.state.isSettled { unsettledJobs -= 1 }
+        let state = run.record.state
+        if let counted = countedJobState[run.id], counted != state {
+            jobsByState[counted, default: 0] -= 1
+            jobsByState[state, default: 0] += 1
+            countedJobState[run.id] = state
+        }
+    }
+
+    /// A node of a run in memory moved from `old` to `new`.
+    func nodeStateChanged(from old: NodeState, to new: NodeState) {
+        nodesByState[old, default: 0] -= 1
+        nodesByState[new, default: 0] += 1
     }
 
     /// A finished job stays readable from memory until the store has committed its last state.
@@ -473,7 +568,8 @@ public final class Engine: @unchecked Sendable {
     private func forget(_ run: JobRun) {
         guard runs[run.id] === run else { return }
         runs[run.id] = nil
-        if run.record.state.isSettled, !run.stopping { settledJobs.insert(run.record) }
+        countedJobState[run.id] = nil
+        for state in NodeState.allCases { nodesByState[state, default: 0] -= run.record.progress[state] }
         if !run.record.state.isSettled { unsettledJobs -= 1 }
         fetchQueue.removeJob(run.id)
     }
@@ -495,8 +591,13 @@ public final class Engine: @unchecked Sendable {
     public func sweep() -> Int {
         let cutoff = Timestamp.nowMs() - configuration.retentionMs
         do {
+            // Settled jobs change no more, so what the sweep will delete can be counted before it does.
+            let swept = try store.settledJobCounts(finishedBeforeMs: cutoff)
             let n = try store.sweep(finishedBeforeMs: cutoff)
             if n > 0 { settledJobs.removeAll() }
+            if n > 0 {
+                queue.async { for (state, count) in swept { self.jobsByState[state, default: 0] -= count } }
+            }
             if n > 0 { logger.info("retention sweep", ["deleted": .int(n)]) }
             return n
         } catch {
@@ -562,43 +663,149 @@ final class Waiter: Cancellable, @unchecked Sendable {
     }
 }
 
-/// A bounded map of settled jobs by id, oldest entry evicted first. Thread-safe.
+/// A fixed set of serial queues for reads: at most this many threads read at once, and each piece of work goes to
+/// the queue with the least waiting, so a small read does not queue behind a read of many megabytes while another
+/// queue is idle.
+final class ReadPool: Sendable {
+    let queues: [DispatchQueue]
+    /// Work items given to each queue and not finished.
+    private let waiting: [Counter]
+
+    private final class Counter: Sendable {
+        let value = Atomic<Int>(0)
+    }
+
+    init(queues count: Int) {
+        queues = (0..<max(1, count)).map { DispatchQueue(label: "jobserver.read.\($0)") }
+        waiting = (0..<max(1, count)).map { _ in Counter() }
+    }
+
+    func async(_ work: @escaping @Sendable () -> Void) {
+        var best = 0
+        var least = Int.max
+        for k in waiting.indices {
+            let n = waiting[k].value.load(ordering: .relaxed)
+            if n < least {
+                least = n
+                best = k
+                if n == 0 { break }
+            }
+        }
+        let counter = waiting[best]
+        counter.value.add(1, ordering: .relaxed)
+        queues[best].async {
+            work()
+            counter.value.subtract(1, ordering: .relaxed)
+        }
+    }
+}
+
+/// A settled job's answer to a read, made once: it changes no more (until the job is deleted).
+public struct SettledJob: Sendable {
+    public let id: String
+    public let version: Int64
+    /// The answer's body.
+    public let body: [UInt8]
+
+    public init(id: String, version: Int64, body: [UInt8]) {
+        self.id = id
+        self.version = version
+        self.body = body
+    }
+}
+
+/// What `Engine.readJob` found.
+public enum JobRead: Sendable {
+    case notFound
+    /// A job not (or not yet known to be) settled, as it is now.
+    case record(JobRecord)
+    /// A settled job's answer.
+    case settled(SettledJob)
+}
+
+/// What `Engine.node` found.
+public enum NodeLookup: Sendable {
+    case found(NodeRecord)
+    case noSuchNode
+    case noSuchJob
+}
+
+/// Settled jobs' answers by id, bounded by their bytes, oldest entry evicted first.
 final class SettledJobCache: @unchecked Sendable {
-    private let capacity: Int
+    // @unchecked: every stored property but the constants is read and written only with `lock` held.
+    let capacityBytes: Int
+    /// Bytes counted for an entry beyond its body and id: the dictionary slot, the order slot, the headers.
+    static let overheadBytes = 96
     private let lock = NSLock()
-    private var jobs: [String: JobRecord] = [:]
+    private var entries: [String: SettledJob] = [:]
+    /// Ids in insertion order from `head` on; an id may be stale (removed, or inserted again later).
     private var order: [String] = []
     private var head = 0
+    private var totalBytes = 0
+    private var removalCount: UInt64 = 0
 
-    init(capacity: Int) { self.capacity = capacity }
+    init(capacityBytes: Int) { self.capacityBytes = max(0, capacityBytes) }
 
-    subscript(id: String) -> JobRecord? { lock.withLock { jobs[id] } }
+    static func size(of job: SettledJob) -> Int { job.body.count + job.id.utf8.count + overheadBytes }
 
-    /// Keeps `job` without its submitted request, which reads never show.
-    func insert(_ job: JobRecord) {
-        var job = job
-        job.request = .null
+    subscript(id: String) -> SettledJob? { lock.withLock { entries[id] } }
+
+    /// How many removals there were so far: pass to `insert(_:ifNoRemovalSince:)`.
+    var removals: UInt64 { lock.withLock { removalCount } }
+
+    /// What the entries count, never above `capacityBytes`.
+    var bytes: Int { lock.withLock { totalBytes } }
+
+    var count: Int { lock.withLock { entries.count } }
+
+    /// Keeps `job` unless something was removed since `removals` was read (it may have been this job, read before
+    /// it was deleted) or it would take more than an eighth of the bound; evicts the oldest entries to make room.
+    func insert(_ job: SettledJob, ifNoRemovalSince removals: UInt64) {
+        let size = Self.size(of: job)
+        guard size <= capacityBytes / 8 else { return }
         lock.withLock {
-            if jobs.updateValue(job, forKey: job.id) != nil { return }
-            order.append(job.id)
-            if order.count - head > capacity {
-                jobs[order[head]] = nil
+            guard removalCount == removals, entries[job.id] == nil else { return }
+            while totalBytes + size > capacityBytes, head < order.count {
+                let id = order[head]
                 head += 1
-                if head > capacity {
-                    order.removeFirst(head)
-                    head = 0
-                }
+                if let evicted = entries.removeValue(forKey: id) { totalBytes -= Self.size(of: evicted) }
             }
+            entries[job.id] = job
+            totalBytes += size
+            order.append(job.id)
+            compactOrder()
         }
     }
 
-    func remove(_ id: String) { lock.withLock { _ = jobs.removeValue(forKey: id) } }
+    func remove(_ id: String) {
+        lock.withLock {
+            removalCount &+= 1
+            if let removed = entries.removeValue(forKey: id) { totalBytes -= Self.size(of: removed) }
+            compactOrder()
+        }
+    }
 
     func removeAll() {
         lock.withLock {
-            jobs.removeAll()
+            removalCount &+= 1
+            entries.removeAll()
             order.removeAll()
             head = 0
+            totalBytes = 0
         }
+    }
+
+    /// Drops evicted and stale ids from `order` once they are the larger part of it, so it stays within a small
+    /// multiple of the entries. With `lock` held.
+    private func compactOrder() {
+        guard order.count > 64, order.count > 2 * entries.count else { return }
+        var seen: Set<String> = []
+        seen.reserveCapacity(entries.count)
+        var kept: [String] = []
+        kept.reserveCapacity(entries.count)
+        // From the newest: an id inserted again keeps its latest place.
+        for id in order[head...].reversed() where entries[id] != nil && seen.insert(id).inserted { kept.append(id) }
+        order = kept.reversed()
+        head = 0
     }
 }

@@ -12,6 +12,8 @@ public struct EngineConfiguration: Sendable {
     public var retentionMs: Int64 = 7 * 86_400_000
     /// How often the retention sweep runs.
     public var sweepIntervalMs = 60_000
+    /// Settled jobs' answers kept in memory, in bytes (bodies, ids and a fixed overhead per entry); 0 keeps none.
+    public var settledCacheBytes = 64 << 20
 
     public init() {}
 }

@@ -298,6 +298,7 @@ final class JobRun: @unchecked Sendable {
         nodes[i].state = state
         record.progress[old] -= 1
         record.progress[state] += 1
+        engine.nodeStateChanged(from: old, to: state)
         if state.isSettled && !old.isSettled { unsettledNodes -= 1 }
         if i == 0 {
             record.state = state

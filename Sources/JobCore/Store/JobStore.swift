@@ -100,6 +100,12 @@ public protocol JobStore: AnyObject, Sendable {
     /// The job with everything stored about it, or `nil`.
     func job(id: String) throws -> JobRecord?
 
+    /// The job as reads show it: everything but the submitted `request` (`.null`), which is neither read nor parsed.
+    func jobWithoutRequest(id: String) throws -> JobRecord?
+
+    /// The job's state alone, or `nil` when there is no such job.
+    func jobState(id: String) throws -> NodeState?
+
     /// Newest first (by id, which sorts by creation time). `cursor` is opaque (from nextCursor); an invalid cursor throws StoreError with kind badCursor.
     ///
     /// To keep listings light, the jobs come without `result` (`nil`) and without
@@ -126,6 +132,9 @@ public protocol JobStore: AnyObject, Sendable {
 
     /// Counts of jobs by state (for /metrics); every state is present.
     func jobCounts() throws -> [NodeState: Int]
+
+    /// Counts by state of the settled jobs finished before `finishedBeforeMs`: what `sweep` with the same bound deletes.
+    func settledJobCounts(finishedBeforeMs: Int64) throws -> [NodeState: Int]
 
     /// Commits what is queued and releases the database; later calls throw kind `closed`.
     func close()

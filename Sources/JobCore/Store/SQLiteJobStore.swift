@@ -147,6 +147,30 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Reads the job without its `request` column.
+    public func jobWithoutRequest(id: String) throws -> JobRecord? {
+        try readers.with { db in
+            let statement = try db.prepare("SELECT \(Columns.shownJob) FROM jobs WHERE id = ?1")
+            defer { statement.reset() }
+            statement.bind(1, id)
+            return try statement.step() ? try Rows.job(statement) : nil
+        }
+    }
+
+    /// Reads the `state` column from the primary key's row.
+    public func jobState(id: String) throws -> NodeState? {
+        try readers.with { db in
+            let statement = try db.prepare("SELECT state FROM jobs WHERE id = ?1")
+            defer { statement.reset() }
+            statement.bind(1, id)
+            guard try statement.step() else { return nil }
+            guard let text = statement.string(0), let state = NodeState(rawValue: text) else {
+                throw StoreError(.corrupt, "unknown job state \(statement.string(0) ?? "NULL")")
+            }
+            return state
+        }
+    }
+
     /// Reads one page, newest first, without `result` and `request`.
     public func listJobs(state: NodeState?, limit: Int, cursor: String?) throws -> JobPage {
         let after = try cursor.map(JobCursor.decode)
@@ -252,6 +276,25 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
             defer { statement.reset() }
             var counts: [NodeState: Int] = [:]
             for state in NodeState.allCases { counts[state] = 0 }
+            while try statement.step() {
+                guard let text = statement.string(0), let state = NodeState(rawValue: text) else {
+                    throw StoreError(.corrupt, "unknown job state \(statement.string(0) ?? "NULL")")
+                }
+                counts[state] = statement.int(1)
+            }
+            return counts
+        }
+    }
+
+    /// Counts from the `finished_at` index, as the sweep selects.
+    public func settledJobCounts(finishedBeforeMs: Int64) throws -> [NodeState: Int] {
+        try readers.with { db in
+            let statement = try db.prepare(
+                "SELECT state, count(*) FROM jobs WHERE finished_at < ?1 AND state NOT IN ('\(NodeState.pending.rawValue)', "
+                    + "'\(NodeState.running.rawValue)') GROUP BY state")
+            defer { statement.reset() }
+            statement.bind(1, finishedBeforeMs)
+            var counts: [NodeState: Int] = [:]
             while try statement.step() {
                 guard let text = statement.string(0), let state = NodeState(rawValue: text) else {
                     throw StoreError(.corrupt, "unknown job state \(statement.string(0) ?? "NULL")")
@@ -674,6 +717,9 @@ enum Columns {
     /// Listings leave out the two columns that may be large.
     static let listedJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, NULL, NULL"
+    /// What reads show: `request`, which may be large and is only needed to rebuild a job, is left out.
+    static let shownJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
+        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, NULL"
     /// How many columns `job` has.
     static let jobCount: Int32 = 19
 

@@ -58,7 +58,8 @@ final class AppHarness {
         let logger = Logger(label: "test", minimumLevel: .info) { logs.append($0) }
         let store = try SQLiteJobStore(path: config.dbPath, logger: logger)
         fetcher = try Fetcher(configuration: config.fetcherConfiguration)
-        engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger)
+        engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
+            renderSettled: Presentation.jobBytes)
         try engine.start()
         app = App(engine: engine, fetcher: fetcher, config: config, logger: logger)
     }
