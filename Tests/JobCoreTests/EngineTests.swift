@@ -85,6 +85,33 @@ final class EngineTests: XCTestCase {
         return Dictionary(uniqueKeysWithValues: list.map { ($0.id, $0) })
     }
 
+    /// Cancels and waits (at most 10 s) for the engine's answer.
+    func cancel(_ engine: Engine, _ id: String) throws -> CancelOutcome {
+        let done = DispatchSemaphore(value: 0)
+        let box = Box<Result<CancelOutcome, Error>?>(nil)
+        engine.cancel(id: id) { outcome in
+            box.value = outcome
+            done.signal()
+        }
+        guard done.wait(timeout: .now() + 10) == .success, let outcome = box.value else {
+            throw UpstreamError("cancel of \(id) was not answered")
+        }
+        return try outcome.get()
+    }
+
+    /// Polls (at most `seconds`) until `condition` holds for the job's nodes.
+    func waitForNodes(
+        _ engine: Engine, _ id: String, seconds: Double = 5, _ condition: ([String: NodeRecord]) -> Bool
+    ) throws -> [String: NodeRecord] {
+        let deadline = Date().addingTimeInterval(seconds)
+        repeat {
+            let current = try nodes(engine, id)
+            if condition(current) { return current }
+            Thread.sleep(forTimeInterval: 0.02)
+        } while Date() < deadline
+        throw UpstreamError("the nodes of job \(id) did not reach the expected states within \(seconds) s")
+    }
+
     func run(_ engine: Engine, _ graph: String, extra: String = "") throws -> (JobRecord, [String: NodeRecord]) {
         let job = try submit(engine, #"{"graph": \#(graph)\#(extra)}"#)
         let done = try settled(engine, job.id)
@@ -325,7 +352,7 @@ final class EngineTests: XCTestCase {
               {"type":"fetch","url":\(u("/json"))}]}}
             """)
         Thread.sleep(forTimeInterval: 0.3)
-        guard case .cancelling = try engine.cancel(id: job.id) else { return XCTFail("not cancelling") }
+        guard case .cancelling = try cancel(engine, job.id) else { return XCTFail("not cancelling") }
         let done = try settled(engine, job.id)
         XCTAssertEqual(done.state, .cancelled)
         XCTAssertEqual(done.error?.kind, .cancelled)
@@ -334,7 +361,7 @@ final class EngineTests: XCTestCase {
         XCTAssertEqual(nodes["root.0.1"]?.state, .succeeded)
         XCTAssertEqual(nodes["root.1"]?.state, .cancelled)
         XCTAssertTrue(try waitForDisconnect(path: "/hang"))
-        guard case .alreadyCancelled = try engine.cancel(id: job.id) else { return XCTFail("second cancel") }
+        guard case .alreadyCancelled = try cancel(engine, job.id) else { return XCTFail("second cancel") }
     }
 
     func testVersionGrowsWithEveryNodeChangeAndLongPollSeesIt() throws {
@@ -375,7 +402,123 @@ final class EngineTests: XCTestCase {
         let spec = try JobSpec.parse(try JSONValue.parse(body))
         guard case .queueFull = try engine.submit(spec, request: try JSONValue.parse(body), idempotencyKey: nil)
         else { return XCTFail("expected queueFull") }
-        _ = try engine.cancel(id: job.id)
+        _ = try cancel(engine, job.id)
+    }
+
+    // MARK: - Durable cancel and delete
+
+    func testCancelAnswersOnlyOnceTheCancelledStatesAreCommitted() throws {
+        let engine = try makeEngine()
+        var ids: [String] = []
+        for _ in 0..<5 {
+            let job = try submit(engine, """
+                {"graph":{"type":"sequence","children":[
+                  {"type":"list","children":[{"type":"fetch","url":\(u("/hang"))},{"type":"fetch","url":\(u("/hang"))}]},
+                  {"type":"fetch","url":\(u("/json"))}]}}
+                """)
+            ids.append(job.id)
+        }
+        for id in ids { _ = try waitForNodes(engine, id) { $0["root.0.1"]?.state == .running } }
+        // While another connection holds the write lock the store cannot commit: no answer may come.
+        let blocker = try SQLiteConnection(path: directory + "/jobs.sqlite", create: false)
+        try blocker.execute("BEGIN IMMEDIATE")
+        let early = Box<Result<CancelOutcome, Error>?>(nil)
+        let earlyDone = DispatchSemaphore(value: 0)
+        engine.cancel(id: ids[0]) { outcome in
+            early.value = outcome
+            earlyDone.signal()
+        }
+        XCTAssertNil(early.value, "cancel answered before the store could commit")
+        XCTAssertEqual(try engine.store.job(id: ids[0])?.state, .running)
+        try blocker.execute("COMMIT")
+        blocker.close()
+        XCTAssertEqual(earlyDone.wait(timeout: .now() + 10), .success)
+        guard case .success(.cancelling) = early.value else { return XCTFail("first cancel: \(String(describing: early.value))") }
+        XCTAssertEqual(try engine.store.job(id: ids[0])?.state, .cancelled)
+        for id in ids.dropFirst() {
+            // What the store holds at the moment the answer is given: a crash right after must not undo it.
+            let done = DispatchSemaphore(value: 0)
+            let seen = Box<(JobRecord?, [NodeRecord])?>(nil)
+            let answer = Box<Result<CancelOutcome, Error>?>(nil)
+            engine.cancel(id: id) { outcome in
+                let stored = (try? engine.store.job(id: id)) ?? nil
+                seen.value = (stored, (try? engine.store.nodes(jobID: id, includeResults: false)) ?? [])
+                answer.value = outcome
+                done.signal()
+            }
+            XCTAssertEqual(done.wait(timeout: .now() + 10), .success)
+            guard case .success(.cancelling(let job)) = answer.value else { return XCTFail("cancel answered \(String(describing: answer.value))") }
+            XCTAssertEqual(job.state, .cancelled)
+            XCTAssertEqual(seen.value?.0?.state, .cancelled, "job \(id) was answered before its cancel was committed")
+            let unsettled = (seen.value?.1 ?? []).filter { !$0.state.isSettled }.map(\.id)
+            XCTAssertEqual(unsettled, [], "nodes of job \(id) not committed as settled at the answer")
+            XCTAssertEqual(seen.value?.1.count, 5)
+        }
+        XCTAssertEqual(try cancel(engine, ids[0]).isAlreadyCancelled, true)
+    }
+
+    func testCancelOfAFinishedButUnretiredJobWaitsForItsCommitToo() throws {
+        let engine = try makeEngine()
+        let job = try submit(engine, #"{"graph":{"type":"fetch","url":\#(u("/json"))}}"#)
+        _ = try settled(engine, job.id)
+        guard case .alreadySettled(let record) = try cancel(engine, job.id) else { return XCTFail("expected alreadySettled") }
+        XCTAssertEqual(record.state, .succeeded)
+        XCTAssertEqual(try engine.store.job(id: job.id)?.state, .succeeded)
+        guard case .notFound = try cancel(engine, "no-such-job") else { return XCTFail("expected notFound") }
+    }
+
+    func testNoReadFindsADeletedJobOnceTheDeleteReturned() throws {
+        let engine = try makeEngine()
+        let violations = Box<[String]>([])
+        let lock = NSLock()
+        for round in 0..<20 {
+            let job = try submit(engine, #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))}]}}"#)
+            _ = try settled(engine, job.id)
+            let deleted = Box<Bool>(false)
+            let stop = Box<Bool>(false)
+            let group = DispatchGroup()
+            for reader in 0..<4 {
+                DispatchQueue.global().async(group: group) {
+                    var reads = 0
+                    // Bounded: at most 200,000 reads or until told to stop.
+                    while reads < 200_000, !lock.withLock({ stop.value }) {
+                        reads += 1
+                        let after = lock.withLock { deleted.value }
+                        let found = (try? engine.job(id: job.id)) ?? nil
+                        let nodes = (try? engine.nodes(jobID: job.id, includeResults: false)) ?? nil
+                        if let nodes, nodes.isEmpty {
+                            lock.withLock { violations.value.append("round \(round) reader \(reader): empty node list") }
+                        }
+                        if after, found != nil || nodes != nil {
+                            lock.withLock { violations.value.append("round \(round) reader \(reader): found after delete") }
+                            return
+                        }
+                    }
+                }
+            }
+            Thread.sleep(forTimeInterval: 0.01)
+            guard case .deleted = try engine.delete(id: job.id) else { return XCTFail("delete did not delete") }
+            lock.withLock { deleted.value = true }
+            // Let the readers go on for a while after the delete, then stop them.
+            Thread.sleep(forTimeInterval: 0.05)
+            lock.withLock { stop.value = true }
+            XCTAssertEqual(group.wait(timeout: .now() + 30), .success)
+            XCTAssertNil(try engine.job(id: job.id))
+            XCTAssertNil(try engine.nodes(jobID: job.id, includeResults: false))
+        }
+        XCTAssertEqual(Array(violations.value.prefix(5)), [], "\(violations.value.count) reads saw a deleted job")
+    }
+
+    func testRunningNodeShowsTheTimeSoFar() throws {
+        let engine = try makeEngine()
+        let job = try submit(engine, #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/hang"))}]}}"#)
+        let running = try waitForNodes(engine, job.id) { $0["root.0"]?.state == .running }
+        XCTAssertNotNil(running["root"]?.elapsedMs)
+        XCTAssertGreaterThanOrEqual(try XCTUnwrap(running["root.0"]?.elapsedMs), 0)
+        XCTAssertNotNil(try engine.node(jobID: job.id, nodeID: "root.0")?.elapsedMs)
+        _ = try cancel(engine, job.id)
+        let done = try nodes(engine, job.id)
+        XCTAssertNotNil(done["root.0"]?.elapsedMs)
     }
 
     // MARK: - Restart
@@ -425,6 +568,13 @@ final class EngineTests: XCTestCase {
             if list.contains(where: { $0["path"]?.stringValue?.hasPrefix(path) == true }) { return true }
             Thread.sleep(forTimeInterval: 0.05)
         }
+        return false
+    }
+}
+
+extension CancelOutcome {
+    var isAlreadyCancelled: Bool {
+        if case .alreadyCancelled = self { return true }
         return false
     }
 }

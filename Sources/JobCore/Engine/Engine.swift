@@ -29,6 +29,11 @@ public final class Engine: @unchecked Sendable {
     private var retireScheduled = false
     /// Settled jobs change no more (but for deletion): the most recently read stay in memory.
     private let settledJobs = SettledJobCache(capacity: 1024)
+    /// Guards `deletions`, and every insertion into `settledJobs` of a job read from the store.
+    private let cacheGate = NSLock()
+    /// Counts committed deletions (and sweeps): a job read from the store before one of them may be gone
+    /// by the time it would be cached, so it is cached only if no deletion committed meanwhile.
+    private var deletions: UInt64 = 0
 
     /// - Parameters:
     ///   - store: where jobs live.
@@ -204,9 +209,25 @@ public final class Engine: @unchecked Sendable {
     /// A job no longer in memory: from the cache of settled jobs, else from the store.
     private func storedJob(id: String) throws -> JobRecord? {
         if let settled = settledJobs[id] { return settled }
+        let generation = cacheGate.withLock { deletions }
         let job = try store.job(id: id)
-        if let job, job.state.isSettled { settledJobs.insert(job) }
+        if let job, job.state.isSettled {
+            cacheGate.withLock { if deletions == generation { settledJobs.insert(job) } }
+        }
         return job
+    }
+
+    /// Drops deleted jobs from the cache of settled jobs, after the store committed their deletion; a read
+    /// that began before the commit can then not put them back.
+    private func forgetDeleted(_ ids: [String]?) {
+        cacheGate.withLock {
+            deletions &+= 1
+            if let ids {
+                for id in ids { settledJobs.remove(id) }
+            } else {
+                settledJobs.removeAll()
+            }
+        }
     }
 
     /// Jobs newest first, with live state for running ones.
@@ -233,18 +254,20 @@ public final class Engine: @unchecked Sendable {
     public func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord]? {
         let live: [NodeRecord]? = queue.sync {
             guard let run = runs[jobID] else { return nil }
-            return includeResults ? run.nodes : run.nodes.map { var n = $0; n.result = nil; return n }
+            return run.nodeSnapshots(includeResults: includeResults)
         }
         if let live { return live }
         guard try store.job(id: jobID) != nil else { return nil }
-        return try store.nodes(jobID: jobID, includeResults: includeResults)
+        let stored = try store.nodes(jobID: jobID, includeResults: includeResults)
+        // Every job has its root node: none means it was deleted between the two reads.
+        return stored.isEmpty ? nil : stored
     }
 
     /// One node with its result.
     public func node(jobID: String, nodeID: String) throws -> NodeRecord? {
         let live: NodeRecord?? = queue.sync {
             guard let run = runs[jobID] else { return nil }
-            return .some(run.graph.index(ofNodeID: nodeID).map { run.nodes[$0] })
+            return .some(run.graph.index(ofNodeID: nodeID).map { run.nodeSnapshot($0) })
         }
         if let live { return live }
         return try store.node(jobID: jobID, nodeID: nodeID)
@@ -273,29 +296,66 @@ public final class Engine: @unchecked Sendable {
 
     // MARK: - Cancelling and deleting
 
-    /// Cancels every unsettled node of the job.
-    public func cancel(id: String) throws -> CancelOutcome {
-        let live: CancelOutcome? = queue.sync {
-            guard let run = runs[id] else { return nil }
-            switch run.record.state {
-            case .cancelled: return .alreadyCancelled(run.record)
-            case .succeeded, .failed, .skipped: return .alreadySettled(run.record)
-            case .pending, .running:
-                run.cancel()
-                flushDirty()
-                return .cancelling(run.record)
-            }
+    /// Cancels every unsettled node of the job. `completion` runs once, on some other thread, when the
+    /// store has committed the job's cancelled state and its nodes' (an answer promises they survive a crash),
+    /// or with the error that kept them from being written. Never waits for the store.
+    public func cancel(id: String, _ completion: @escaping @Sendable (Result<CancelOutcome, Error>) -> Void) {
+        if let live = queue.sync(execute: { cancelLive(id) }) {
+            answerAfterCommit(live, completion)
+            return
         }
-        if let live { return live }
-        guard let job = try store.job(id: id) else { return .notFound }
-        switch job.state {
-        case .cancelled: return .alreadyCancelled(job)
-        case .pending, .running: return .cancelling(job)
-        case .succeeded, .failed, .skipped: return .alreadySettled(job)
+        do {
+            guard let job = try store.job(id: id) else { return completion(.success(.notFound)) }
+            switch job.state {
+            case .cancelled: return completion(.success(.alreadyCancelled(job)))
+            case .succeeded, .failed, .skipped: return completion(.success(.alreadySettled(job)))
+            case .pending, .running: break
+            }
+            // Unfinished in the store yet not running here when we looked: it started, or finished and was
+            // retired (which happens only once its last state is committed), between the two looks.
+            if let live = queue.sync(execute: { cancelLive(id) }) { return answerAfterCommit(live, completion) }
+            guard let again = try store.job(id: id) else { return completion(.success(.notFound)) }
+            switch again.state {
+            case .cancelled: completion(.success(.alreadyCancelled(again)))
+            case .succeeded, .failed, .skipped: completion(.success(.alreadySettled(again)))
+            case .pending, .running: completion(.failure(EngineError.storage("job \(id) is not running on this server")))
+            }
+        } catch {
+            completion(.failure(error))
         }
     }
 
-    /// Deletes a settled job with its nodes and bodies.
+    /// Cancels the job if this engine runs it and hands its nodes' new states to the store; on the queue.
+    /// `nil` when the job is not in memory.
+    private func cancelLive(_ id: String) -> Result<CancelOutcome, Error>? {
+        guard let run = runs[id] else { return nil }
+        if shuttingDown || run.stopping { return .failure(EngineError.shuttingDown("the server is shutting down")) }
+        switch run.record.state {
+        case .cancelled: return .success(.alreadyCancelled(run.record))
+        case .succeeded, .failed, .skipped: return .success(.alreadySettled(run.record))
+        case .pending, .running:
+            run.cancel()
+            flushDirty()
+            return .success(.cancelling(run.record))
+        }
+    }
+
+    /// Passes `outcome` on once everything handed to the store so far is committed. An answer about a job in
+    /// memory waits too: its state may still be on its way to the disk.
+    private func answerAfterCommit(
+        _ outcome: Result<CancelOutcome, Error>, _ completion: @escaping @Sendable (Result<CancelOutcome, Error>) -> Void
+    ) {
+        guard case .success(let answer) = outcome else { return completion(outcome) }
+        store.flush { committed in
+            switch committed {
+            case .success: completion(.success(answer))
+            case .failure(let error): completion(.failure(error))
+            }
+        }
+    }
+
+    /// Deletes a settled job with its nodes and bodies; when this returns `.deleted`, the deletion is committed
+    /// and no later read finds the job.
     public func delete(id: String) throws -> DeleteOutcome {
         let active: JobRecord? = queue.sync {
             guard let run = runs[id] else { return nil }
@@ -306,9 +366,10 @@ public final class Engine: @unchecked Sendable {
             return nil
         }
         if let active { return .active(active) }
-        settledJobs.remove(id)
         try store.flush()
-        return try store.deleteJob(id: id) ? .deleted : .notFound
+        let deleted = try store.deleteJob(id: id)
+        forgetDeleted([id])
+        return deleted ? .deleted : .notFound
     }
 
     // MARK: - Long-polling
@@ -496,7 +557,7 @@ public final class Engine: @unchecked Sendable {
         let cutoff = Timestamp.nowMs() - configuration.retentionMs
         do {
             let n = try store.sweep(finishedBeforeMs: cutoff)
-            if n > 0 { settledJobs.removeAll() }
+            if n > 0 { forgetDeleted(nil) }
             if n > 0 { logger.info("retention sweep", ["deleted": .int(n)]) }
             return n
         } catch {

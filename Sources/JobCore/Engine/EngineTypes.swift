@@ -66,7 +66,7 @@ public struct EngineMetrics: Sendable {
 
 /// Why the engine refused a request.
 public struct EngineError: Error, Equatable, CustomStringConvertible, Sendable {
-    private enum Code: Equatable, Sendable { case badCursor, storage, invalidStoredJob }
+    private enum Code: Equatable, Sendable { case badCursor, storage, invalidStoredJob, shuttingDown }
     private let code: Code
     public let message: String
 
@@ -82,6 +82,10 @@ public struct EngineError: Error, Equatable, CustomStringConvertible, Sendable {
     /// A stored job could not be rebuilt.
     public static func invalidStoredJob(_ message: String) -> EngineError { EngineError(.invalidStoredJob, message) }
 
+    /// The server is shutting down and changes no job any more.
+    public static func shuttingDown(_ message: String) -> EngineError { EngineError(.shuttingDown, message) }
+
     public var isBadCursor: Bool { code == .badCursor }
+    public var isShuttingDown: Bool { code == .shuttingDown }
     public var description: String { message }
 }

@@ -43,6 +43,20 @@ final class JobRun: @unchecked Sendable {
 
     var id: String { record.id }
 
+    /// Node `i` as reads show it: a running node's `elapsedMs` is the time so far.
+    func nodeSnapshot(_ i: Int, includeResult: Bool = true, nowMs: Int64 = Timestamp.nowMs()) -> NodeRecord {
+        var node = nodes[i]
+        if !includeResult { node.result = nil }
+        if node.state == .running, let started = node.startedAt { node.elapsedMs = Int(max(0, nowMs - started)) }
+        return node
+    }
+
+    /// Every node as reads show it, in tree order.
+    func nodeSnapshots(includeResults: Bool) -> [NodeRecord] {
+        let now = Timestamp.nowMs()
+        return nodes.indices.map { nodeSnapshot($0, includeResult: includeResults, nowMs: now) }
+    }
+
     // MARK: - Starting
 
     /// Starts the job: its deadline, then its root.

@@ -97,6 +97,10 @@ public protocol JobStore: AnyObject, Sendable {
     /// - Throws: `StoreError` if some change enqueued since the previous `flush` could not be written.
     func flush() throws
 
+    /// As `flush()`, without blocking: `completion` runs (on the store's thread, so it must be quick) once
+    /// everything enqueued before this call is committed, or with the error that kept it from being written.
+    func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void)
+
     /// The job with everything stored about it, or `nil`.
     func job(id: String) throws -> JobRecord?
 

@@ -98,6 +98,13 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         try ticket.wait()
     }
 
+    /// Calls `completion` on the writer thread once everything queued before this call is committed
+    /// (or could not be); never blocks.
+    public func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
+        let ticket = WriteTicket<Void>(onComplete: completion)
+        if !queue.push(.barrier(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+    }
+
     /// Deletes the job, its nodes and its bodies in one transaction of the writer.
     public func deleteJob(id: String) throws -> Bool {
         let ticket = WriteTicket<Bool>()
