@@ -552,7 +552,8 @@ paths:
       description: |
         Prometheus text exposition format (`text/plain; version=0.0.4`): jobs,
         nodes, fetches by outcome, a fetch latency histogram, HTTP requests by
-        route and status, queue depths.
+        route and status, queue depths, stored jobs that could not be loaded at
+        start (`jobserver_jobs_load_failures_total`).
       responses:
         "200":
           description: the metrics

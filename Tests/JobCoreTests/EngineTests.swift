@@ -559,6 +559,129 @@ final class EngineTests: XCTestCase {
         XCTAssertEqual(done.error?.kind, .interrupted)
     }
 
+    // MARK: - Restart repair and isolation
+
+    /// Writes a job straight into a store file, as a crash could have left it: `adjust` sets node states.
+    func storeJob(
+        _ store: SQLiteJobStore, id: String, _ body: String, state: NodeState = .pending,
+        adjust: (inout [NodeRecord]) -> Void = { _ in }
+    ) throws {
+        let request = try JSONValue.parse(body)
+        let spec = try JobSpec.parse(request)
+        var nodes = spec.graph.nodes.map { node in
+            NodeRecord(
+                jobID: id, id: node.id, parent: node.parent.map { spec.graph.nodes[$0].id }, position: node.index,
+                type: node.typeName)
+        }
+        adjust(&nodes)
+        var progress = Progress()
+        for node in nodes {
+            progress.total += 1
+            progress[node.state] += 1
+        }
+        let job = JobRecord(
+            id: id, state: state, createdAt: Timestamp.nowMs(), startedAt: state == .pending ? nil : Timestamp.nowMs(),
+            finishedAt: state.isSettled ? Timestamp.nowMs() : nil, request: request, version: 3, progress: progress)
+        guard case .created = try store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil) else {
+            throw UpstreamError("job \(id) not created")
+        }
+    }
+
+    func testRestartSettlesNodesLeftRunningInASettledJob() throws {
+        let first = try makeEngine(dbName: "leftover.sqlite")
+        let job = try submit(first, """
+            {"graph":{"type":"list","fire_on_first_result":true,"cancel_remaining":false,"children":[
+              {"id":"fast","type":"fetch","url":\(u("/json"))},
+              {"id":"slow","type":"fetch","url":\(u("/hang"))}]}}
+            """)
+        _ = try waitForNodes(first, job.id) { $0["root"]?.state == .succeeded && $0["slow"]?.state == .running }
+        // Let the job's settled state reach the disk, then stop without recording anything more, as a kill would.
+        try first.store.flush()
+        first.shutdown(gracePeriodMs: 2000)
+        engines.removeAll()
+        let raw = try SQLiteJobStore(path: directory + "/leftover.sqlite")
+        XCTAssertEqual(try raw.node(jobID: job.id, nodeID: "slow")?.state, .running, "the test needs a node left running")
+        raw.close()
+
+        let second = try makeEngine(dbName: "leftover.sqlite")
+        let done = try XCTUnwrap(try second.job(id: job.id))
+        XCTAssertEqual(done.state, .succeeded)
+        XCTAssertEqual(done.progress.running + done.progress.pending, 0)
+        XCTAssertEqual(done.progress.percent, 100)
+        let slow = try XCTUnwrap(try second.node(jobID: job.id, nodeID: "slow"))
+        XCTAssertEqual(slow.state, .cancelled)
+        XCTAssertEqual(slow.error?.kind, .cancelled)
+        XCTAssertEqual(slow.error?.message, "the job had settled when the server stopped")
+        XCTAssertNotNil(slow.finishedAt)
+        XCTAssertNotNil(slow.elapsedMs)
+    }
+
+    func testRestartSettlesNodesLeftUnsettledUnderASettledParentOfAnUnfinishedJob() throws {
+        let path = directory + "/orphans.sqlite"
+        let store = try SQLiteJobStore(path: path)
+        let body = #"{"graph":{"type":"list","fire_on_first_result":true,"cancel_remaining":false,"children":[{"type":"fetch","url":\#(u("/json"))},{"type":"fetch","url":\#(u("/hang"))}]}}"#
+        try storeJob(store, id: "orphans", body, state: .running)
+        var left = try store.nodes(jobID: "orphans", includeResults: true)
+        let ok = try JSONValue.parse(#"{"ok":true}"#)
+        left[0].state = .succeeded
+        left[0].result = ok
+        left[0].finishedAt = Timestamp.nowMs()
+        left[1].state = .succeeded
+        left[1].result = ok
+        left[2].state = .running
+        left[2].startedAt = Timestamp.nowMs()
+        store.enqueue(jobs: [], nodes: left, bodies: [])
+        try store.flush()
+        store.close()
+
+        let engine = try makeEngine(dbName: "orphans.sqlite")
+        let done = try settled(engine, "orphans")
+        XCTAssertEqual(done.state, .succeeded)
+        let after = try nodes(engine, "orphans")
+        XCTAssertEqual(after["root.1"]?.state, .cancelled)
+        XCTAssertEqual(after["root.1"]?.error?.message, "its parent had settled when the server stopped")
+        try engine.store.flush()
+        let stored = try engine.store.nodes(jobID: "orphans", includeResults: false)
+        XCTAssertEqual(stored.filter { !$0.state.isSettled }.count, 0)
+        XCTAssertEqual(try upstream.stats()["requests"]?.intValue, 0, "a node under a settled parent ran again")
+    }
+
+    func testAStoredJobThatCannotBeLoadedFailsAloneAndTheOthersResume() throws {
+        let path = directory + "/damaged.sqlite"
+        let store = try SQLiteJobStore(path: path)
+        let good = #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))}]}}"#
+        try storeJob(store, id: "a-good", good)
+        try storeJob(store, id: "b-bad-request", good)
+        try storeJob(store, id: "c-bad-metadata", good)
+        try storeJob(store, id: "d-bad-node", good, state: .running)
+        try storeJob(store, id: "e-good", good)
+        store.close()
+        let db = try SQLiteConnection(path: path, create: false)
+        try db.execute("UPDATE jobs SET request = '{\"graph\": [' WHERE id = 'b-bad-request'")
+        try db.execute("UPDATE jobs SET metadata = '{not json' WHERE id = 'c-bad-metadata'")
+        try db.execute("UPDATE nodes SET state = 'exploded' WHERE job_id = 'd-bad-node' AND position = 1")
+        db.close()
+
+        let engine = try makeEngine(dbName: "damaged.sqlite")
+        for id in ["a-good", "e-good"] {
+            XCTAssertEqual(try settled(engine, id).state, .succeeded, "job \(id)")
+        }
+        for id in ["b-bad-request", "c-bad-metadata", "d-bad-node"] {
+            let job = try XCTUnwrap(try engine.job(id: id), "job \(id) unreadable")
+            XCTAssertEqual(job.state, .failed, "job \(id)")
+            XCTAssertEqual(job.error?.kind, .internal, "job \(id)")
+            XCTAssertNotNil(job.finishedAt)
+        }
+        for id in ["b-bad-request", "c-bad-metadata"] {
+            let nodes = try XCTUnwrap(try engine.nodes(jobID: id, includeResults: false))
+            XCTAssertEqual(nodes.map(\.state), [.cancelled, .cancelled], "nodes of \(id)")
+            let job = try XCTUnwrap(try engine.job(id: id))
+            XCTAssertEqual(job.progress.cancelled, 2)
+            XCTAssertEqual(job.progress.pending, 0)
+        }
+        XCTAssertEqual(engine.metrics.jobLoadFailures, 3)
+    }
+
     // MARK: -
 
     func waitForDisconnect(path: String, seconds: Double = 3) throws -> Bool {

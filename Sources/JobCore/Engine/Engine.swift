@@ -27,6 +27,8 @@ public final class Engine: @unchecked Sendable {
     private var sweepTimer: DispatchSourceTimer?
     private var retiring: [JobRun] = []
     private var retireScheduled = false
+    /// Stored jobs that could not be read or rebuilt at start (and were failed).
+    private var jobLoadFailures = 0
     /// Settled jobs change no more (but for deletion): the most recently read stay in memory.
     private let settledJobs = SettledJobCache(capacity: 1024)
     /// Guards `deletions`, and every insertion into `settledJobs` of a job read from the store.
@@ -51,40 +53,110 @@ public final class Engine: @unchecked Sendable {
 
     // MARK: - Start and stop
 
-    /// Rebuilds the unfinished jobs found in the store and starts them (API.md §4), then starts the retention sweep.
-    /// - Throws: `StoreError` when the store cannot be read.
+    /// Rebuilds the unfinished jobs found in the store and starts them (API.md §4), settles the nodes a crash
+    /// left unsettled in settled jobs, then starts the retention sweep. A stored job that cannot be read or
+    /// rebuilt fails alone, with kind `internal`.
+    /// - Throws: `StoreError` when the store cannot be read at all.
     public func start() throws {
-        let unfinished = try store.unfinishedJobs()
-        var resumed = 0
-        var refused: [JobRecord] = []
-        queue.sync { () -> Void in
-            for (job, nodes) in unfinished {
-                if let run = rebuild(job, nodes) {
-                    activate(run)
-                    resumed += 1
-                } else {
-                    refused.append(job)
-                }
+        var unreadable: [UnreadableJob] = []
+        let unfinished = try store.unfinishedJobs(unreadable: &unreadable)
+        var runs: [JobRun] = []
+        var refused: [(job: JobRecord, reason: String)] = unreadable.map {
+            ($0.job, "the stored job could not be read: \($0.error.description)")
+        }
+        for (job, nodes) in unfinished {
+            do {
+                runs.append(try rebuild(job, nodes))
+            } catch {
+                refused.append((job, "the stored job could not be rebuilt: \(error)"))
             }
         }
-        for var job in refused {
-            job.state = .failed
-            job.finishedAt = Timestamp.nowMs()
-            job.error = NodeError(.internal, "the stored job could not be rebuilt", node: "root")
-            job.version += 1
-            store.enqueue(jobs: [job], nodes: [], bodies: [])
+        var leftoverReasons: [String: String] = [:]
+        if !refused.isEmpty {
+            let now = Timestamp.nowMs()
+            var failed: [JobRecord] = []
+            for (job, reason) in refused {
+                logger.error("stored job failed at start", ["job": .string(job.id), "reason": .string(reason)])
+                var record = job
+                record.state = .failed
+                record.finishedAt = now
+                record.result = nil
+                record.error = NodeError(.internal, reason, node: "root")
+                record.version += 1
+                failed.append(record)
+                leftoverReasons[job.id] = "the job failed when the server started: its stored form could not be loaded"
+            }
+            store.enqueue(jobs: failed, nodes: [], bodies: [])
+            queue.sync { jobLoadFailures += refused.count }
         }
-        if resumed > 0 || !refused.isEmpty {
-            logger.info("recovered jobs", ["resumed": .int(resumed), "failed": .int(refused.count)])
+        // Before any job runs again: a job that settles from now on may rightly leave nodes running.
+        settleLeftoverNodes(reasons: leftoverReasons)
+        queue.sync {
+            for run in runs { activate(run) }
+        }
+        if !runs.isEmpty || !refused.isEmpty {
+            logger.info("recovered jobs", ["resumed": .int(runs.count), "failed": .int(refused.count)])
         }
         startSweeping()
     }
 
-    private func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) -> JobRun? {
-        guard let spec = try? JobSpec.parse(job.request, limits: configuration.limits),
-            spec.graph.nodes.count == stored.count
-        else { return nil }
+    /// Settles as `cancelled` the nodes left pending or running in settled jobs (a `cancel_remaining: false`
+    /// list's children when the server stopped, or the nodes of a job failed at start), and counts them in
+    /// their jobs' progress; waits for the commit.
+    private func settleLeftoverNodes(reasons: [String: String]) {
+        do {
+            try store.flush()
+            let leftovers = try store.unsettledNodesOfSettledJobs()
+            guard !leftovers.isEmpty else { return }
+            let now = Timestamp.nowMs()
+            var jobs: [JobRecord] = []
+            var nodes: [NodeRecord] = []
+            var start = leftovers.startIndex
+            while start < leftovers.endIndex {
+                let jobID = leftovers[start].jobID
+                let end = leftovers[start...].firstIndex { $0.jobID != jobID } ?? leftovers.endIndex
+                var job: JobRecord?
+                do {
+                    job = try store.job(id: jobID)
+                } catch {
+                    logger.error("stored job could not be read to settle its nodes", ["job": .string(jobID), "error": .string("\(error)")])
+                }
+                let reason = reasons[jobID] ?? "the job had settled when the server stopped"
+                for var node in leftovers[start..<end] {
+                    job?.progress[node.state] -= 1
+                    job?.progress[.cancelled] += 1
+                    node.settleAsLeftover(reason: reason, nowMs: now)
+                    nodes.append(node)
+                }
+                if var job {
+                    job.version += 1
+                    jobs.append(job)
+                }
+                start = end
+            }
+            store.enqueue(jobs: jobs, nodes: nodes, bodies: [])
+            try store.flush()
+            logger.info("settled nodes left unsettled in settled jobs", ["jobs": .int(jobs.count), "nodes": .int(nodes.count)])
+        } catch {
+            logger.error("nodes left unsettled in settled jobs could not be settled", ["error": .string("\(error)")])
+        }
+    }
+
+    private func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) throws -> JobRun {
+        let spec = try JobSpec.parse(job.request, limits: configuration.limits)
+        guard spec.graph.nodes.count == stored.count else {
+            throw EngineError.invalidStoredJob("the graph has \(spec.graph.nodes.count) nodes, the store \(stored.count)")
+        }
         var nodes = stored.sorted { $0.position < $1.position }
+        // A node unsettled under a settled one will never be started again (a child a `cancel_remaining: false`
+        // list left running, or a job whose last state was not written): it ends cancelled.
+        let now = Timestamp.nowMs()
+        var orphaned = Array(repeating: false, count: nodes.count)
+        for i in nodes.indices where !nodes[i].state.isSettled {
+            guard let parent = spec.graph.nodes[i].parent, orphaned[parent] || nodes[parent].state.isSettled else { continue }
+            orphaned[i] = true
+            nodes[i].settleAsLeftover(reason: "its parent had settled when the server stopped", nowMs: now)
+        }
         var interrupted: Set<Int> = []
         var prior: [Int: Int] = [:]
         for i in nodes.indices where nodes[i].state == .running {
@@ -106,6 +178,8 @@ public final class Engine: @unchecked Sendable {
         let run = JobRun(engine: self, graph: spec.graph, record: record, nodes: nodes)
         run.interrupted = interrupted
         run.priorAttempts = prior
+        // Settled here, so written with the job's first batch.
+        for i in orphaned.indices where orphaned[i] { run.dirtyNodes.insert(i) }
         return run
     }
 
@@ -195,6 +269,9 @@ public final class Engine: @unchecked Sendable {
         runs[run.id] = run
         if !run.record.state.isSettled { unsettledJobs += 1 }
         run.begin()
+        // A rebuilt run may have changed before it began (nodes settled as left over, a job that only missed
+        // its last write): those changes go with the next batch.
+        if run.dirtyJob || !run.dirtyNodes.isEmpty { markDirty(run) }
         schedulePump()
     }
 
@@ -289,6 +366,7 @@ public final class Engine: @unchecked Sendable {
             m.activeJobs = unsettledJobs
             m.pendingFetches = fetchQueue.waiting
             m.fetchesInFlight = fetchQueue.inFlight
+            m.jobLoadFailures = jobLoadFailures
         }
         m.jobsByState = (try? store.jobCounts()) ?? [:]
         return m

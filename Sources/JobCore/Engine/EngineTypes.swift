@@ -60,6 +60,8 @@ public struct EngineMetrics: Sendable {
     public var pendingFetches = 0
     /// Fetches handed to the fetcher and not finished.
     public var fetchesInFlight = 0
+    /// Stored jobs that could not be read or rebuilt at start, and were failed with kind `internal`.
+    public var jobLoadFailures = 0
 
     public init() {}
 }

@@ -372,6 +372,17 @@ final class JobRun: @unchecked Sendable {
     }
 }
 
+extension NodeRecord {
+    /// Ends a node that will never run (again) as `cancelled`, saying why; a running one keeps the time it ran.
+    mutating func settleAsLeftover(reason: String, nowMs: Int64) {
+        if state == .running, let started = startedAt { elapsedMs = Int(max(0, nowMs - started)) }
+        state = .cancelled
+        finishedAt = nowMs
+        result = nil
+        error = NodeError(.cancelled, reason, node: id)
+    }
+}
+
 /// A canceller that hands the cancellation to `owner` while it lives; once it is gone there is nothing left to
 /// stop, and the Deferred just fails with the cancellation.
 private func forwardingCanceller<Owner: AnyObject>(
