@@ -34,8 +34,9 @@ enum Route: CaseIterable {
     /// the engine's asynchronous reads.
     var waitsForDisk: Bool {
         switch self {
-        case .submitJob, .cancelJob, .deleteJob, .listJobs, .getNodeBody: return true
-        case .getJob, .listNodes, .getNode, .health, .metrics, .openAPI: return false
+        case .submitJob, .deleteJob, .listJobs, .getNodeBody: return true
+        // A cancel is answered from the store's commit callback and holds no thread meanwhile.
+        case .cancelJob, .getJob, .listNodes, .getNode, .health, .metrics, .openAPI: return false
         }
     }
 }
@@ -158,7 +159,7 @@ final class App: @unchecked Sendable {
             case .listJobs: try listJobs(request, exchange)
             case .getJob: try getJob(request, exchange)
             case .deleteJob: try deleteJob(request, exchange)
-            case .cancelJob: try cancelJob(request, exchange)
+            case .cancelJob: cancelJob(request, exchange)
             case .listNodes: try listNodes(request, exchange)
             case .getNode: try getNode(request, exchange)
             case .getNodeBody: try getNodeBody(request, exchange)
@@ -294,17 +295,24 @@ final class App: @unchecked Sendable {
         }
     }
 
-    private func cancelJob(_ request: APIRequest, _ exchange: Exchange) throws {
+    /// Answers once the cancelled states are committed, so that a `202` survives a crash.
+    private func cancelJob(_ request: APIRequest, _ exchange: Exchange) {
         let id = request.pathParameters["id"] ?? ""
-        switch try engine.cancel(id: id) {
-        case .cancelling(let job):
-            exchange.send(Self.json(202, Presentation.job(job)))
-        case .alreadyCancelled(let job):
-            exchange.send(Self.json(200, Presentation.job(job)))
-        case .alreadySettled(let job):
-            exchange.send(Self.error(409, "conflict", "job \(id) has already \(job.state.rawValue)"))
-        case .notFound:
-            exchange.send(Self.jobNotFound(id))
+        engine.cancel(id: id) { [self] outcome in
+            switch outcome {
+            case .success(.cancelling(let job)):
+                exchange.send(Self.json(202, Presentation.job(job)))
+            case .success(.alreadyCancelled(let job)):
+                exchange.send(Self.json(200, Presentation.job(job)))
+            case .success(.alreadySettled(let job)):
+                exchange.send(Self.error(409, "conflict", "job \(id) has already \(job.state.rawValue)"))
+            case .success(.notFound):
+                exchange.send(Self.jobNotFound(id))
+            case .failure(let error as EngineError) where error.isShuttingDown:
+                exchange.send(Self.error(503, "shutting_down", "the server is shutting down; cancel again after it restarts"))
+            case .failure(let error):
+                exchange.send(internalError(error, exchange))
+            }
         }
     }
 

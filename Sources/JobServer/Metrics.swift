@@ -42,6 +42,7 @@ struct MetricsSnapshot {
     var activeJobs = 0
     var pendingFetches = 0
     var fetchesInFlight = 0
+    var jobLoadFailures = 0
     /// Finished fetch attempts by outcome (`succeeded` or an error kind).
     var fetchOutcomes: [String: Int] = [:]
     /// Upper bounds of the latency buckets; a missing or infinite last bound is `+Inf`.
@@ -60,6 +61,7 @@ struct MetricsSnapshot {
         activeJobs = engine.activeJobs
         pendingFetches = engine.pendingFetches
         fetchesInFlight = engine.fetchesInFlight
+        jobLoadFailures = engine.jobLoadFailures
         fetchOutcomes = fetcher.outcomes
         latencyBucketsMs = FetcherStats.latencyBoundsMs.map(Double.init)
         latencyCounts = fetcher.latencyCounts
@@ -91,6 +93,8 @@ enum PrometheusText {
         sample(&out, "jobserver_fetches_in_flight", [], Double(m.fetchesInFlight))
         family(&out, "jobserver_fetch_queue_depth", "gauge", "Fetches waiting for a transfer slot.")
         sample(&out, "jobserver_fetch_queue_depth", [], Double(m.pendingFetches))
+        family(&out, "jobserver_jobs_load_failures_total", "counter", "Stored jobs that could not be loaded at start and were failed.")
+        sample(&out, "jobserver_jobs_load_failures_total", [], Double(m.jobLoadFailures))
 
         family(&out, "jobserver_fetches_total", "counter", "Finished fetch attempts by outcome.")
         for outcome in m.fetchOutcomes.keys.sorted() {

@@ -371,7 +371,8 @@ paths:
       description: |
         Deletes a settled job with its nodes, results, bodies and its
         `Idempotency-Key`. `409 conflict` while the job is pending or running
-        (cancel it first).
+        (cancel it first). `204` is sent once the deletion is on disk; every
+        request after it answers `404` for the job and its nodes.
       responses:
         "204":
           description: deleted
@@ -410,8 +411,9 @@ paths:
         at once, pending nodes never start, and each ends `cancelled`; the job's
         `error` is then of kind `cancelled`.
         `202` with the job on a pending or running job, even when the
-        cancellation completed before the answer was written; `200` with the
-        job if it was already cancelled; `409 conflict` if it had already
+        cancellation completed before the answer was written; it is sent only
+        once the cancelled states are on disk, so a crash after it cannot
+        undo the cancel. `200` with the job if it was already cancelled; `409 conflict` if it had already
         succeeded or failed. No request body is expected; one, if sent, is
         ignored (it still counts against `--max-request-bytes`).
       responses:
@@ -627,7 +629,8 @@ paths:
       description: |
         Prometheus text exposition format (`text/plain; version=0.0.4`): jobs,
         nodes, fetches by outcome, a fetch latency histogram, HTTP requests by
-        route and status, queue depths.
+        route and status, queue depths, stored jobs that could not be loaded at
+        start (`jobserver_jobs_load_failures_total`).
       responses:
         "200":
           description: the metrics

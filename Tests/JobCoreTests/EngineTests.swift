@@ -106,6 +106,33 @@ final class EngineTests: XCTestCase {
         return Dictionary(uniqueKeysWithValues: list.map { ($0.id, $0) })
     }
 
+    /// Cancels and waits (at most 10 s) for the engine's answer.
+    func cancel(_ engine: Engine, _ id: String) throws -> CancelOutcome {
+        let done = DispatchSemaphore(value: 0)
+        let box = Box<Result<CancelOutcome, Error>?>(nil)
+        engine.cancel(id: id) { outcome in
+            box.value = outcome
+            done.signal()
+        }
+        guard done.wait(timeout: .now() + 10) == .success, let outcome = box.value else {
+            throw UpstreamError("cancel of \(id) was not answered")
+        }
+        return try outcome.get()
+    }
+
+    /// Polls (at most `seconds`) until `condition` holds for the job's nodes.
+    func waitForNodes(
+        _ engine: Engine, _ id: String, seconds: Double = 5, _ condition: ([String: NodeRecord]) -> Bool
+    ) throws -> [String: NodeRecord] {
+        let deadline = Date().addingTimeInterval(seconds)
+        repeat {
+            let current = try nodes(engine, id)
+            if condition(current) { return current }
+            Thread.sleep(forTimeInterval: 0.02)
+        } while Date() < deadline
+        throw UpstreamError("the nodes of job \(id) did not reach the expected states within \(seconds) s")
+    }
+
     func run(_ engine: Engine, _ graph: String, extra: String = "") throws -> (JobRecord, [String: NodeRecord]) {
         let job = try submit(engine, #"{"graph": \#(graph)\#(extra)}"#)
         let done = try settled(engine, job.id)
@@ -346,7 +373,7 @@ final class EngineTests: XCTestCase {
               {"type":"fetch","url":\(u("/json"))}]}}
             """)
         Thread.sleep(forTimeInterval: 0.3)
-        guard case .cancelling = try engine.cancel(id: job.id) else { return XCTFail("not cancelling") }
+        guard case .cancelling = try cancel(engine, job.id) else { return XCTFail("not cancelling") }
         let done = try settled(engine, job.id)
         XCTAssertEqual(done.state, .cancelled)
         XCTAssertEqual(done.error?.kind, .cancelled)
@@ -355,7 +382,7 @@ final class EngineTests: XCTestCase {
         XCTAssertEqual(nodes["root.0.1"]?.state, .succeeded)
         XCTAssertEqual(nodes["root.1"]?.state, .cancelled)
         XCTAssertTrue(try waitForDisconnect(path: "/hang"))
-        guard case .alreadyCancelled = try engine.cancel(id: job.id) else { return XCTFail("second cancel") }
+        guard case .alreadyCancelled = try cancel(engine, job.id) else { return XCTFail("second cancel") }
     }
 
     func testVersionGrowsWithEveryNodeChangeAndLongPollSeesIt() throws {
@@ -396,7 +423,123 @@ final class EngineTests: XCTestCase {
         let spec = try JobSpec.parse(try JSONValue.parse(body))
         guard case .queueFull = try engine.submit(spec, request: try JSONValue.parse(body), idempotencyKey: nil)
         else { return XCTFail("expected queueFull") }
-        _ = try engine.cancel(id: job.id)
+        _ = try cancel(engine, job.id)
+    }
+
+    // MARK: - Durable cancel and delete
+
+    func testCancelAnswersOnlyOnceTheCancelledStatesAreCommitted() throws {
+        let engine = try makeEngine()
+        var ids: [String] = []
+        for _ in 0..<5 {
+            let job = try submit(engine, """
+                {"graph":{"type":"sequence","children":[
+                  {"type":"list","children":[{"type":"fetch","url":\(u("/hang"))},{"type":"fetch","url":\(u("/hang"))}]},
+                  {"type":"fetch","url":\(u("/json"))}]}}
+                """)
+            ids.append(job.id)
+        }
+        for id in ids { _ = try waitForNodes(engine, id) { $0["root.0.1"]?.state == .running } }
+        // While another connection holds the write lock the store cannot commit: no answer may come.
+        let blocker = try SQLiteConnection(path: directory + "/jobs.sqlite", create: false)
+        try blocker.execute("BEGIN IMMEDIATE")
+        let early = Box<Result<CancelOutcome, Error>?>(nil)
+        let earlyDone = DispatchSemaphore(value: 0)
+        engine.cancel(id: ids[0]) { outcome in
+            early.value = outcome
+            earlyDone.signal()
+        }
+        XCTAssertNil(early.value, "cancel answered before the store could commit")
+        XCTAssertEqual(try engine.store.job(id: ids[0])?.state, .running)
+        try blocker.execute("COMMIT")
+        blocker.close()
+        XCTAssertEqual(earlyDone.wait(timeout: .now() + 10), .success)
+        guard case .success(.cancelling) = early.value else { return XCTFail("first cancel: \(String(describing: early.value))") }
+        XCTAssertEqual(try engine.store.job(id: ids[0])?.state, .cancelled)
+        for id in ids.dropFirst() {
+            // What the store holds at the moment the answer is given: a crash right after must not undo it.
+            let done = DispatchSemaphore(value: 0)
+            let seen = Box<(JobRecord?, [NodeRecord])?>(nil)
+            let answer = Box<Result<CancelOutcome, Error>?>(nil)
+            engine.cancel(id: id) { outcome in
+                let stored = (try? engine.store.job(id: id)) ?? nil
+                seen.value = (stored, (try? engine.store.nodes(jobID: id, includeResults: false)) ?? [])
+                answer.value = outcome
+                done.signal()
+            }
+            XCTAssertEqual(done.wait(timeout: .now() + 10), .success)
+            guard case .success(.cancelling(let job)) = answer.value else { return XCTFail("cancel answered \(String(describing: answer.value))") }
+            XCTAssertEqual(job.state, .cancelled)
+            XCTAssertEqual(seen.value?.0?.state, .cancelled, "job \(id) was answered before its cancel was committed")
+            let unsettled = (seen.value?.1 ?? []).filter { !$0.state.isSettled }.map(\.id)
+            XCTAssertEqual(unsettled, [], "nodes of job \(id) not committed as settled at the answer")
+            XCTAssertEqual(seen.value?.1.count, 5)
+        }
+        XCTAssertEqual(try cancel(engine, ids[0]).isAlreadyCancelled, true)
+    }
+
+    func testCancelOfAFinishedButUnretiredJobWaitsForItsCommitToo() throws {
+        let engine = try makeEngine()
+        let job = try submit(engine, #"{"graph":{"type":"fetch","url":\#(u("/json"))}}"#)
+        _ = try settled(engine, job.id)
+        guard case .alreadySettled(let record) = try cancel(engine, job.id) else { return XCTFail("expected alreadySettled") }
+        XCTAssertEqual(record.state, .succeeded)
+        XCTAssertEqual(try engine.store.job(id: job.id)?.state, .succeeded)
+        guard case .notFound = try cancel(engine, "no-such-job") else { return XCTFail("expected notFound") }
+    }
+
+    func testNoReadFindsADeletedJobOnceTheDeleteReturned() throws {
+        let engine = try makeEngine()
+        let violations = Box<[String]>([])
+        let lock = NSLock()
+        for round in 0..<20 {
+            let job = try submit(engine, #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))}]}}"#)
+            _ = try settled(engine, job.id)
+            let deleted = Box<Bool>(false)
+            let stop = Box<Bool>(false)
+            let group = DispatchGroup()
+            for reader in 0..<4 {
+                DispatchQueue.global().async(group: group) {
+                    var reads = 0
+                    // Bounded: at most 200,000 reads or until told to stop.
+                    while reads < 200_000, !lock.withLock({ stop.value }) {
+                        reads += 1
+                        let after = lock.withLock { deleted.value }
+                        let found = (try? engine.job(id: job.id)) ?? nil
+                        let nodes = (try? engine.nodes(jobID: job.id, includeResults: false)) ?? nil
+                        if let nodes, nodes.isEmpty {
+                            lock.withLock { violations.value.append("round \(round) reader \(reader): empty node list") }
+                        }
+                        if after, found != nil || nodes != nil {
+                            lock.withLock { violations.value.append("round \(round) reader \(reader): found after delete") }
+                            return
+                        }
+                    }
+                }
+            }
+            Thread.sleep(forTimeInterval: 0.01)
+            guard case .deleted = try engine.delete(id: job.id) else { return XCTFail("delete did not delete") }
+            lock.withLock { deleted.value = true }
+            // Let the readers go on for a while after the delete, then stop them.
+            Thread.sleep(forTimeInterval: 0.05)
+            lock.withLock { stop.value = true }
+            XCTAssertEqual(group.wait(timeout: .now() + 30), .success)
+            XCTAssertNil(try engine.job(id: job.id))
+            XCTAssertNil(try engine.nodes(jobID: job.id, includeResults: false))
+        }
+        XCTAssertEqual(Array(violations.value.prefix(5)), [], "\(violations.value.count) reads saw a deleted job")
+    }
+
+    func testRunningNodeShowsTheTimeSoFar() throws {
+        let engine = try makeEngine()
+        let job = try submit(engine, #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/hang"))}]}}"#)
+        let running = try waitForNodes(engine, job.id) { $0["root.0"]?.state == .running }
+        XCTAssertNotNil(running["root"]?.elapsedMs)
+        XCTAssertGreaterThanOrEqual(try XCTUnwrap(running["root.0"]?.elapsedMs), 0)
+        XCTAssertNotNil(try engine.node(jobID: job.id, nodeID: "root.0")?.elapsedMs)
+        _ = try cancel(engine, job.id)
+        let done = try nodes(engine, job.id)
+        XCTAssertNotNil(done["root.0"]?.elapsedMs)
     }
 
     // MARK: - Restart
@@ -437,6 +580,129 @@ final class EngineTests: XCTestCase {
         XCTAssertEqual(done.error?.kind, .interrupted)
     }
 
+    // MARK: - Restart repair and isolation
+
+    /// Writes a job straight into a store file, as a crash could have left it: `adjust` sets node states.
+    func storeJob(
+        _ store: SQLiteJobStore, id: String, _ body: String, state: NodeState = .pending,
+        adjust: (inout [NodeRecord]) -> Void = { _ in }
+    ) throws {
+        let request = try JSONValue.parse(body)
+        let spec = try JobSpec.parse(request)
+        var nodes = spec.graph.nodes.map { node in
+            NodeRecord(
+                jobID: id, id: node.id, parent: node.parent.map { spec.graph.nodes[$0].id }, position: node.index,
+                type: node.typeName)
+        }
+        adjust(&nodes)
+        var progress = Progress()
+        for node in nodes {
+            progress.total += 1
+            progress[node.state] += 1
+        }
+        let job = JobRecord(
+            id: id, state: state, createdAt: Timestamp.nowMs(), startedAt: state == .pending ? nil : Timestamp.nowMs(),
+            finishedAt: state.isSettled ? Timestamp.nowMs() : nil, request: request, version: 3, progress: progress)
+        guard case .created = try store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil) else {
+            throw UpstreamError("job \(id) not created")
+        }
+    }
+
+    func testRestartSettlesNodesLeftRunningInASettledJob() throws {
+        let first = try makeEngine(dbName: "leftover.sqlite")
+        let job = try submit(first, """
+            {"graph":{"type":"list","fire_on_first_result":true,"cancel_remaining":false,"children":[
+              {"id":"fast","type":"fetch","url":\(u("/json"))},
+              {"id":"slow","type":"fetch","url":\(u("/hang"))}]}}
+            """)
+        _ = try waitForNodes(first, job.id) { $0["root"]?.state == .succeeded && $0["slow"]?.state == .running }
+        // Let the job's settled state reach the disk, then stop without recording anything more, as a kill would.
+        try first.store.flush()
+        first.shutdown(gracePeriodMs: 2000)
+        engines.removeAll()
+        let raw = try SQLiteJobStore(path: directory + "/leftover.sqlite")
+        XCTAssertEqual(try raw.node(jobID: job.id, nodeID: "slow")?.state, .running, "the test needs a node left running")
+        raw.close()
+
+        let second = try makeEngine(dbName: "leftover.sqlite")
+        let done = try XCTUnwrap(try second.job(id: job.id))
+        XCTAssertEqual(done.state, .succeeded)
+        XCTAssertEqual(done.progress.running + done.progress.pending, 0)
+        XCTAssertEqual(done.progress.percent, 100)
+        let slow = try XCTUnwrap(try second.node(jobID: job.id, nodeID: "slow"))
+        XCTAssertEqual(slow.state, .cancelled)
+        XCTAssertEqual(slow.error?.kind, .cancelled)
+        XCTAssertEqual(slow.error?.message, "the job had settled when the server stopped")
+        XCTAssertNotNil(slow.finishedAt)
+        XCTAssertNotNil(slow.elapsedMs)
+    }
+
+    func testRestartSettlesNodesLeftUnsettledUnderASettledParentOfAnUnfinishedJob() throws {
+        let path = directory + "/orphans.sqlite"
+        let store = try SQLiteJobStore(path: path)
+        let body = #"{"graph":{"type":"list","fire_on_first_result":true,"cancel_remaining":false,"children":[{"type":"fetch","url":\#(u("/json"))},{"type":"fetch","url":\#(u("/hang"))}]}}"#
+        try storeJob(store, id: "orphans", body, state: .running)
+        var left = try store.nodes(jobID: "orphans", includeResults: true)
+        let ok = try JSONValue.parse(#"{"ok":true}"#)
+        left[0].state = .succeeded
+        left[0].result = ok
+        left[0].finishedAt = Timestamp.nowMs()
+        left[1].state = .succeeded
+        left[1].result = ok
+        left[2].state = .running
+        left[2].startedAt = Timestamp.nowMs()
+        store.enqueue(jobs: [], nodes: left, bodies: [])
+        try store.flush()
+        store.close()
+
+        let engine = try makeEngine(dbName: "orphans.sqlite")
+        let done = try settled(engine, "orphans")
+        XCTAssertEqual(done.state, .succeeded)
+        let after = try nodes(engine, "orphans")
+        XCTAssertEqual(after["root.1"]?.state, .cancelled)
+        XCTAssertEqual(after["root.1"]?.error?.message, "its parent had settled when the server stopped")
+        try engine.store.flush()
+        let stored = try engine.store.nodes(jobID: "orphans", includeResults: false)
+        XCTAssertEqual(stored.filter { !$0.state.isSettled }.count, 0)
+        XCTAssertEqual(try upstream.stats()["requests"]?.intValue, 0, "a node under a settled parent ran again")
+    }
+
+    func testAStoredJobThatCannotBeLoadedFailsAloneAndTheOthersResume() throws {
+        let path = directory + "/damaged.sqlite"
+        let store = try SQLiteJobStore(path: path)
+        let good = #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))}]}}"#
+        try storeJob(store, id: "a-good", good)
+        try storeJob(store, id: "b-bad-request", good)
+        try storeJob(store, id: "c-bad-metadata", good)
+        try storeJob(store, id: "d-bad-node", good, state: .running)
+        try storeJob(store, id: "e-good", good)
+        store.close()
+        let db = try SQLiteConnection(path: path, create: false)
+        try db.execute("UPDATE jobs SET request = '{\"graph\": [' WHERE id = 'b-bad-request'")
+        try db.execute("UPDATE jobs SET metadata = '{not json' WHERE id = 'c-bad-metadata'")
+        try db.execute("UPDATE nodes SET state = 'exploded' WHERE job_id = 'd-bad-node' AND position = 1")
+        db.close()
+
+        let engine = try makeEngine(dbName: "damaged.sqlite")
+        for id in ["a-good", "e-good"] {
+            XCTAssertEqual(try settled(engine, id).state, .succeeded, "job \(id)")
+        }
+        for id in ["b-bad-request", "c-bad-metadata", "d-bad-node"] {
+            let job = try XCTUnwrap(try engine.job(id: id), "job \(id) unreadable")
+            XCTAssertEqual(job.state, .failed, "job \(id)")
+            XCTAssertEqual(job.error?.kind, .internal, "job \(id)")
+            XCTAssertNotNil(job.finishedAt)
+        }
+        for id in ["b-bad-request", "c-bad-metadata"] {
+            let nodes = try XCTUnwrap(try engine.nodes(jobID: id, includeResults: false))
+            XCTAssertEqual(nodes.map(\.state), [.cancelled, .cancelled], "nodes of \(id)")
+            let job = try XCTUnwrap(try engine.job(id: id))
+            XCTAssertEqual(job.progress.cancelled, 2)
+            XCTAssertEqual(job.progress.pending, 0)
+        }
+        XCTAssertEqual(try engine.metricsNow.jobLoadFailures, 3)
+    }
+
     // MARK: -
 
     func waitForDisconnect(path: String, seconds: Double = 3) throws -> Bool {
@@ -450,7 +716,49 @@ final class EngineTests: XCTestCase {
     }
 }
 
+extension CancelOutcome {
+    var isAlreadyCancelled: Bool {
+        if case .alreadyCancelled = self { return true }
+        return false
+    }
+}
+
 final class Box<T>: @unchecked Sendable {
     var value: T
     init(_ value: T) { self.value = value }
+}
+
+/// Blocking reads over the engine's asynchronous entry points, for tests (never on an event loop).
+extension Engine {
+    private func answer<T>(_ what: String, _ start: (@escaping @Sendable (T) -> Void) -> Void) throws -> T {
+        let done = DispatchSemaphore(value: 0)
+        let box = Box<T?>(nil)
+        start { value in
+            box.value = value
+            done.signal()
+        }
+        guard done.wait(timeout: .now() + 10) == .success, let value = box.value else {
+            throw UpstreamError("no answer for \(what) within 10 s")
+        }
+        return value
+    }
+
+    /// The job as it is now (a long-poll that does not wait).
+    func job(id: String) throws -> JobRecord? {
+        try answer("job \(id)") { done in _ = waitForChange(id: id, afterVersion: nil, timeoutMs: 0) { done($0) } }
+    }
+
+    func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord]? {
+        try answer("nodes of \(jobID)") { done in nodes(jobID: jobID, includeResults: includeResults) { done($0) } }.get()
+    }
+
+    func node(jobID: String, nodeID: String) throws -> NodeRecord? {
+        let lookup = try answer("node \(nodeID) of \(jobID)") { done in node(jobID: jobID, nodeID: nodeID) { done($0) } }.get()
+        if case .found(let node) = lookup { return node }
+        return nil
+    }
+
+    var metricsNow: EngineMetrics {
+        get throws { try answer("metrics") { done in metrics { done($0) } } }
+    }
 }

@@ -101,6 +101,69 @@ final class CrashRecoveryTests: XCTestCase {
         XCTAssertGreaterThan(checked, 0, "nothing had settled before the kill; the test proves nothing")
         running.stop()
     }
+
+    func testCancelsAnsweredBeforeAKillStayCancelled() throws {
+        let db = directory + "/cancel.sqlite"
+        var running = try JobServerProcess.start(db: db)
+        server = running.process
+        let api = running.baseURL
+        var ids: [String] = []
+        for _ in 0..<40 {
+            let job = try Curl.json("POST", api + "/v1/jobs", body: #"{"graph":{"type":"fetch","url":"\#(upstream.url("/hang"))"}}"#)
+            XCTAssertEqual(job.status, 201)
+            ids.append(try XCTUnwrap(job.body["id"]?.stringValue))
+        }
+        for id in ids {
+            let cancel = try Curl.json("POST", api + "/v1/jobs/\(id)/cancel")
+            XCTAssertEqual(cancel.status, 202, "cancel of \(id): \(cancel.body)")
+        }
+        // Right after the last answer: nothing but what is on disk survives.
+        kill(running.process.processIdentifier, SIGKILL)
+        running.process.waitUntilExit()
+
+        running = try JobServerProcess.start(db: db)
+        server = running.process
+        for id in ids {
+            let job = try Curl.json("GET", running.baseURL + "/v1/jobs/\(id)")
+            XCTAssertEqual(job.body["state"], "cancelled", "job \(id) came back \(job.body["state"] ?? .null)")
+        }
+        running.stop()
+    }
+
+    func testNodeLeftRunningInASettledJobSettlesAfterAKill() throws {
+        let db = directory + "/leftover.sqlite"
+        var running = try JobServerProcess.start(db: db)
+        server = running.process
+        let api = running.baseURL
+        let body = #"{"graph":{"type":"list","fire_on_first_result":true,"cancel_remaining":false,"children":["#
+            + #"{"id":"fast","type":"fetch","url":"\#(upstream.url("/json"))"},"#
+            + #"{"id":"slow","type":"fetch","url":"\#(upstream.url("/hang"))"}]}}"#
+        let created = try Curl.json("POST", api + "/v1/jobs", body: body)
+        XCTAssertEqual(created.status, 201)
+        let id = try XCTUnwrap(created.body["id"]?.stringValue)
+        let job = try Curl.json("GET", api + "/v1/jobs/\(id)?wait=10")
+        XCTAssertEqual(job.body["state"], "succeeded")
+        // A listing waits for the store to commit what is queued: the settled job is on disk after it.
+        let listed = try Curl.json("GET", api + "/v1/jobs?state=succeeded")
+        XCTAssertTrue(listed.body["jobs"]?.arrayValue?.contains { $0["id"]?.stringValue == id } == true)
+        let slowBefore = try Curl.json("GET", api + "/v1/jobs/\(id)/nodes/slow")
+        XCTAssertEqual(slowBefore.body["state"], "running")
+        XCTAssertNotEqual(slowBefore.body["elapsed_ms"], .null, "a running node shows the time so far")
+        kill(running.process.processIdentifier, SIGKILL)
+        running.process.waitUntilExit()
+
+        running = try JobServerProcess.start(db: db)
+        server = running.process
+        let after = try Curl.json("GET", running.baseURL + "/v1/jobs/\(id)")
+        XCTAssertEqual(after.body["state"], "succeeded")
+        XCTAssertEqual(after.body["progress"]?["running"], 0)
+        XCTAssertEqual(after.body["progress"]?["pending"], 0)
+        let slow = try Curl.json("GET", running.baseURL + "/v1/jobs/\(id)/nodes/slow")
+        XCTAssertEqual(slow.body["state"], "cancelled")
+        XCTAssertEqual(slow.body["error"]?["kind"], "cancelled")
+        XCTAssertEqual(slow.body["error"]?["message"], "the job had settled when the server stopped")
+        running.stop()
+    }
 }
 
 /// A `jobserver` child process on a free loopback port.
@@ -109,10 +172,26 @@ struct JobServerProcess {
     let port: Int
     var baseURL: String { "http://127.0.0.1:\(port)" }
 
-    static var binaryPath: String {
-        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    /// The `jobserver` built with the tests: `JOBSERVER_BIN` if set, else the one in the build folder of the
+    /// running test binary (any configuration or triple), else `.build/debug/jobserver` of the package.
+    static let binaryPath: String = {
+        if let explicit = ProcessInfo.processInfo.environment["JOBSERVER_BIN"], !explicit.isEmpty { return explicit }
+        var folders: [URL] = []
+        // Linux runs the tests as an executable inside the build folder; macOS loads a bundle placed there.
+        if let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") {
+            folders.append(URL(fileURLWithPath: exe).deletingLastPathComponent())
+        }
+        folders.append(Bundle.main.bundleURL.deletingLastPathComponent())
+        for bundle in Bundle.allBundles where bundle.bundlePath.hasSuffix(".xctest") {
+            folders.append(bundle.bundleURL.deletingLastPathComponent())
+        }
+        for folder in folders {
+            let candidate = folder.appendingPathComponent("jobserver").path
+            if FileManager.default.isExecutableFile(atPath: candidate) { return candidate }
+        }
+        return URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
             .deletingLastPathComponent().appendingPathComponent(".build/debug/jobserver").path
-    }
+    }()
 
     /// Starts the server and waits (at most 15 s) until `/healthz` answers.
     static func start(db: String, extraArguments: [String] = []) throws -> JobServerProcess {

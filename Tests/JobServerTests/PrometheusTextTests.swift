@@ -52,6 +52,9 @@ final class PrometheusTextTests: XCTestCase {
             # HELP jobserver_fetch_queue_depth Fetches waiting for a transfer slot.
             # TYPE jobserver_fetch_queue_depth gauge
             jobserver_fetch_queue_depth 6
+            # HELP jobserver_jobs_load_failures_total Stored jobs that could not be loaded at start and were failed.
+            # TYPE jobserver_jobs_load_failures_total counter
+            jobserver_jobs_load_failures_total 0
             # HELP jobserver_fetches_total Finished fetch attempts by outcome.
             # TYPE jobserver_fetches_total counter
             jobserver_fetches_total{outcome="http_status"} 2

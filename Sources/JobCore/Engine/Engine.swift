@@ -44,6 +44,8 @@ public final class Engine: @unchecked Sendable {
     let reads = ReadPool(queues: 8)
     /// The read pool's queues (tests hold them to play a slow store).
     var readQueues: [DispatchQueue] { reads.queues }
+    /// Stored jobs that could not be read or rebuilt at start (and were failed).
+    private var jobLoadFailures = 0
 
     /// - Parameters:
     ///   - store: where jobs live.
@@ -68,45 +70,117 @@ public final class Engine: @unchecked Sendable {
 
     // MARK: - Start and stop
 
-    /// Rebuilds the unfinished jobs found in the store and starts them (API.md §4), then starts the retention sweep.
-    /// - Throws: `StoreError` when the store cannot be read.
+    /// Rebuilds the unfinished jobs found in the store and starts them (API.md §4), settles the nodes a crash
+    /// left unsettled in settled jobs, then starts the retention sweep. A stored job that cannot be read or
+    /// rebuilt fails alone, with kind `internal`.
+    /// - Throws: `StoreError` when the store cannot be read at all.
     public func start() throws {
-        let unfinished = try store.unfinishedJobs()
-        let counts = try store.jobCounts()
-        var resumed = 0
-        var refused: [JobRecord] = []
-        queue.sync { () -> Void in
-            jobsByState = counts
-            for (job, nodes) in unfinished {
-                // `activate` counts the job again in the state it resumes in.
-                jobsByState[job.state, default: 0] -= 1
-                if let run = rebuild(job, nodes) {
-                    activate(run)
-                    resumed += 1
-                } else {
-                    jobsByState[.failed, default: 0] += 1
-                    refused.append(job)
-                }
+        var unreadable: [UnreadableJob] = []
+        let unfinished = try store.unfinishedJobs(unreadable: &unreadable)
+        var runs: [(run: JobRun, storedState: NodeState)] = []
+        var refused: [(job: JobRecord, reason: String)] = unreadable.map {
+            ($0.job, "the stored job could not be read: \($0.error.description)")
+        }
+        for (job, nodes) in unfinished {
+            do {
+                runs.append((try rebuild(job, nodes), job.state))
+            } catch {
+                refused.append((job, "the stored job could not be rebuilt: \(error)"))
             }
         }
-        for var job in refused {
-            job.state = .failed
-            job.finishedAt = Timestamp.nowMs()
-            job.error = NodeError(.internal, "the stored job could not be rebuilt", node: "root")
-            job.version += 1
-            store.enqueue(jobs: [job], nodes: [], bodies: [])
+        var leftoverReasons: [String: String] = [:]
+        if !refused.isEmpty {
+            let now = Timestamp.nowMs()
+            var failed: [JobRecord] = []
+            for (job, reason) in refused {
+                logger.error("stored job failed at start", ["job": .string(job.id), "reason": .string(reason)])
+                var record = job
+                record.state = .failed
+                record.finishedAt = now
+                record.result = nil
+                record.error = NodeError(.internal, reason, node: "root")
+                record.version += 1
+                failed.append(record)
+                leftoverReasons[job.id] = "the job failed when the server started: its stored form could not be loaded"
+            }
+            store.enqueue(jobs: failed, nodes: [], bodies: [])
+            queue.sync { jobLoadFailures += refused.count }
         }
-        if resumed > 0 || !refused.isEmpty {
-            logger.info("recovered jobs", ["resumed": .int(resumed), "failed": .int(refused.count)])
+        // Before any job runs again: a job that settles from now on may rightly leave nodes running.
+        settleLeftoverNodes(reasons: leftoverReasons)
+        // Read once the failed jobs are written: /metrics moves these counts as jobs change from now on.
+        let counts = try store.jobCounts()
+        queue.sync {
+            jobsByState = counts
+            for (run, storedState) in runs {
+                // `activate` counts the job again in the state it resumes in.
+                jobsByState[storedState, default: 0] -= 1
+                activate(run)
+            }
+        }
+        if !runs.isEmpty || !refused.isEmpty {
+            logger.info("recovered jobs", ["resumed": .int(runs.count), "failed": .int(refused.count)])
         }
         startSweeping()
     }
 
-    private func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) -> JobRun? {
-        guard let spec = try? JobSpec.parse(job.request, limits: configuration.limits),
-            spec.graph.nodes.count == stored.count
-        else { return nil }
+    /// Settles as `cancelled` the nodes left pending or running in settled jobs (a `cancel_remaining: false`
+    /// list's children when the server stopped, or the nodes of a job failed at start), and counts them in
+    /// their jobs' progress; waits for the commit.
+    private func settleLeftoverNodes(reasons: [String: String]) {
+        do {
+            try store.flush()
+            let leftovers = try store.unsettledNodesOfSettledJobs()
+            guard !leftovers.isEmpty else { return }
+            let now = Timestamp.nowMs()
+            var jobs: [JobRecord] = []
+            var nodes: [NodeRecord] = []
+            var start = leftovers.startIndex
+            while start < leftovers.endIndex {
+                let jobID = leftovers[start].jobID
+                let end = leftovers[start...].firstIndex { $0.jobID != jobID } ?? leftovers.endIndex
+                var job: JobRecord?
+                do {
+                    job = try store.job(id: jobID)
+                } catch {
+                    logger.error("stored job could not be read to settle its nodes", ["job": .string(jobID), "error": .string("\(error)")])
+                }
+                let reason = reasons[jobID] ?? "the job had settled when the server stopped"
+                for var node in leftovers[start..<end] {
+                    job?.progress[node.state] -= 1
+                    job?.progress[.cancelled] += 1
+                    node.settleAsLeftover(reason: reason, nowMs: now)
+                    nodes.append(node)
+                }
+                if var job {
+                    job.version += 1
+                    jobs.append(job)
+                }
+                start = end
+            }
+            store.enqueue(jobs: jobs, nodes: nodes, bodies: [])
+            try store.flush()
+            logger.info("settled nodes left unsettled in settled jobs", ["jobs": .int(jobs.count), "nodes": .int(nodes.count)])
+        } catch {
+            logger.error("nodes left unsettled in settled jobs could not be settled", ["error": .string("\(error)")])
+        }
+    }
+
+    private func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) throws -> JobRun {
+        let spec = try JobSpec.parse(job.request, limits: configuration.limits)
+        guard spec.graph.nodes.count == stored.count else {
+            throw EngineError.invalidStoredJob("the graph has \(spec.graph.nodes.count) nodes, the store \(stored.count)")
+        }
         var nodes = stored.sorted { $0.position < $1.position }
+        // A node unsettled under a settled one will never be started again (a child a `cancel_remaining: false`
+        // list left running, or a job whose last state was not written): it ends cancelled.
+        let now = Timestamp.nowMs()
+        var orphaned = Array(repeating: false, count: nodes.count)
+        for i in nodes.indices where !nodes[i].state.isSettled {
+            guard let parent = spec.graph.nodes[i].parent, orphaned[parent] || nodes[parent].state.isSettled else { continue }
+            orphaned[i] = true
+            nodes[i].settleAsLeftover(reason: "its parent had settled when the server stopped", nowMs: now)
+        }
         var interrupted: Set<Int> = []
         var prior: [Int: Int] = [:]
         for i in nodes.indices where nodes[i].state == .running {
@@ -128,6 +202,8 @@ public final class Engine: @unchecked Sendable {
         let run = JobRun(engine: self, graph: spec.graph, record: record, nodes: nodes)
         run.interrupted = interrupted
         run.priorAttempts = prior
+        // Settled here, so written with the job's first batch.
+        for i in orphaned.indices where orphaned[i] { run.dirtyNodes.insert(i) }
         return run
     }
 
@@ -220,6 +296,9 @@ public final class Engine: @unchecked Sendable {
         jobsByState[run.record.state, default: 0] += 1
         for state in NodeState.allCases { nodesByState[state, default: 0] += run.record.progress[state] }
         run.begin()
+        // A rebuilt run may have changed before it began (nodes settled as left over, a job that only missed
+        // its last write): those changes go with the next batch.
+        if run.dirtyJob || !run.dirtyNodes.isEmpty { markDirty(run) }
         schedulePump()
     }
 
@@ -269,6 +348,16 @@ public final class Engine: @unchecked Sendable {
         try store.jobWithoutRequest(id: id)
     }
 
+    /// Drops deleted jobs from the cache of settled jobs, after the store committed their deletion: a read
+    /// that began before the commit counted the cache's removals and so cannot put them back.
+    private func forgetDeleted(_ ids: [String]?) {
+        if let ids {
+            for id in ids { settledJobs.remove(id) }
+        } else {
+            settledJobs.removeAll()
+        }
+    }
+
     /// Jobs newest first, with live state for running ones.
     /// - Throws: `EngineError.badCursor` for a cursor this server did not hand out; `StoreError`.
     public func list(state: NodeState?, limit: Int, cursor: String?) throws -> JobPage {
@@ -294,16 +383,18 @@ public final class Engine: @unchecked Sendable {
         jobID: String, includeResults: Bool, _ completion: @escaping @Sendable (Result<[NodeRecord]?, Error>) -> Void
     ) {
         queue.async {
-            let live = self.runs[jobID]?.nodes
+            let live = self.runs[jobID]?.nodeSnapshots(includeResults: includeResults)
             self.onReadQueue {
                 if let live {
-                    completion(.success(includeResults ? live : live.map { var n = $0; n.result = nil; return n }))
+                    completion(.success(live))
                     return
                 }
                 completion(
                     Result {
                         guard try self.store.jobState(id: jobID) != nil else { return nil }
-                        return try self.store.nodes(jobID: jobID, includeResults: includeResults)
+                        let stored = try self.store.nodes(jobID: jobID, includeResults: includeResults)
+                        // Every job has its root node: none means it was deleted between the two reads.
+                        return stored.isEmpty ? nil : stored
                     })
             }
         }
@@ -313,7 +404,7 @@ public final class Engine: @unchecked Sendable {
     public func node(jobID: String, nodeID: String, _ completion: @escaping @Sendable (Result<NodeLookup, Error>) -> Void) {
         queue.async {
             let live: NodeLookup? = self.runs[jobID].map { run in
-                run.graph.index(ofNodeID: nodeID).map { .found(run.nodes[$0]) } ?? .noSuchNode
+                run.graph.index(ofNodeID: nodeID).map { .found(run.nodeSnapshot($0)) } ?? .noSuchNode
             }
             self.onReadQueue {
                 if let live {
@@ -346,6 +437,7 @@ public final class Engine: @unchecked Sendable {
             m.activeJobs = self.unsettledJobs
             m.pendingFetches = self.fetchQueue.waiting
             m.fetchesInFlight = self.fetchQueue.inFlight
+            m.jobLoadFailures = self.jobLoadFailures
             let snapshot = m
             self.onReadQueue { completion(snapshot) }
         }
@@ -353,29 +445,66 @@ public final class Engine: @unchecked Sendable {
 
     // MARK: - Cancelling and deleting
 
-    /// Cancels every unsettled node of the job.
-    public func cancel(id: String) throws -> CancelOutcome {
-        let live: CancelOutcome? = queue.sync {
-            guard let run = runs[id] else { return nil }
-            switch run.record.state {
-            case .cancelled: return .alreadyCancelled(run.record)
-            case .succeeded, .failed, .skipped: return .alreadySettled(run.record)
-            case .pending, .running:
-                run.cancel()
-                flushDirty()
-                return .cancelling(run.record)
-            }
+    /// Cancels every unsettled node of the job. `completion` runs once, on some other thread, when the
+    /// store has committed the job's cancelled state and its nodes' (an answer promises they survive a crash),
+    /// or with the error that kept them from being written. Never waits for the store.
+    public func cancel(id: String, _ completion: @escaping @Sendable (Result<CancelOutcome, Error>) -> Void) {
+        if let live = queue.sync(execute: { cancelLive(id) }) {
+            answerAfterCommit(live, completion)
+            return
         }
-        if let live { return live }
-        guard let job = try store.job(id: id) else { return .notFound }
-        switch job.state {
-        case .cancelled: return .alreadyCancelled(job)
-        case .pending, .running: return .cancelling(job)
-        case .succeeded, .failed, .skipped: return .alreadySettled(job)
+        do {
+            guard let job = try store.job(id: id) else { return completion(.success(.notFound)) }
+            switch job.state {
+            case .cancelled: return completion(.success(.alreadyCancelled(job)))
+            case .succeeded, .failed, .skipped: return completion(.success(.alreadySettled(job)))
+            case .pending, .running: break
+            }
+            // Unfinished in the store yet not running here when we looked: it started, or finished and was
+            // retired (which happens only once its last state is committed), between the two looks.
+            if let live = queue.sync(execute: { cancelLive(id) }) { return answerAfterCommit(live, completion) }
+            guard let again = try store.job(id: id) else { return completion(.success(.notFound)) }
+            switch again.state {
+            case .cancelled: completion(.success(.alreadyCancelled(again)))
+            case .succeeded, .failed, .skipped: completion(.success(.alreadySettled(again)))
+            case .pending, .running: completion(.failure(EngineError.storage("job \(id) is not running on this server")))
+            }
+        } catch {
+            completion(.failure(error))
         }
     }
 
-    /// Deletes a settled job with its nodes and bodies.
+    /// Cancels the job if this engine runs it and hands its nodes' new states to the store; on the queue.
+    /// `nil` when the job is not in memory.
+    private func cancelLive(_ id: String) -> Result<CancelOutcome, Error>? {
+        guard let run = runs[id] else { return nil }
+        if shuttingDown || run.stopping { return .failure(EngineError.shuttingDown("the server is shutting down")) }
+        switch run.record.state {
+        case .cancelled: return .success(.alreadyCancelled(run.record))
+        case .succeeded, .failed, .skipped: return .success(.alreadySettled(run.record))
+        case .pending, .running:
+            run.cancel()
+            flushDirty()
+            return .success(.cancelling(run.record))
+        }
+    }
+
+    /// Passes `outcome` on once everything handed to the store so far is committed. An answer about a job in
+    /// memory waits too: its state may still be on its way to the disk.
+    private func answerAfterCommit(
+        _ outcome: Result<CancelOutcome, Error>, _ completion: @escaping @Sendable (Result<CancelOutcome, Error>) -> Void
+    ) {
+        guard case .success(let answer) = outcome else { return completion(outcome) }
+        store.flush { committed in
+            switch committed {
+            case .success: completion(.success(answer))
+            case .failure(let error): completion(.failure(error))
+            }
+        }
+    }
+
+    /// Deletes a settled job with its nodes and bodies; when this returns `.deleted`, the deletion is committed
+    /// and no later read finds the job.
     public func delete(id: String) throws -> DeleteOutcome {
         let active: JobRecord? = queue.sync {
             guard let run = runs[id] else { return nil }
@@ -386,10 +515,10 @@ public final class Engine: @unchecked Sendable {
             return nil
         }
         if let active { return .active(active) }
-        settledJobs.remove(id)
         try store.flush()
         let state = try store.jobState(id: id)
         guard try store.deleteJob(id: id) else { return .notFound }
+        forgetDeleted([id])
         if let state { queue.async { self.jobsByState[state, default: 0] -= 1 } }
         return .deleted
     }
@@ -594,8 +723,8 @@ public final class Engine: @unchecked Sendable {
             // Settled jobs change no more, so what the sweep will delete can be counted before it does.
             let swept = try store.settledJobCounts(finishedBeforeMs: cutoff)
             let n = try store.sweep(finishedBeforeMs: cutoff)
-            if n > 0 { settledJobs.removeAll() }
             if n > 0 {
+                forgetDeleted(nil)
                 queue.async { for (state, count) in swept { self.jobsByState[state, default: 0] -= count } }
             }
             if n > 0 { logger.info("retention sweep", ["deleted": .int(n)]) }

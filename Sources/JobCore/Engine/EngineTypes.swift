@@ -62,13 +62,15 @@ public struct EngineMetrics: Sendable {
     public var pendingFetches = 0
     /// Fetches handed to the fetcher and not finished.
     public var fetchesInFlight = 0
+    /// Stored jobs that could not be read or rebuilt at start, and were failed with kind `internal`.
+    public var jobLoadFailures = 0
 
     public init() {}
 }
 
 /// Why the engine refused a request.
 public struct EngineError: Error, Equatable, CustomStringConvertible, Sendable {
-    private enum Code: Equatable, Sendable { case badCursor, storage, invalidStoredJob }
+    private enum Code: Equatable, Sendable { case badCursor, storage, invalidStoredJob, shuttingDown }
     private let code: Code
     public let message: String
 
@@ -84,6 +86,10 @@ public struct EngineError: Error, Equatable, CustomStringConvertible, Sendable {
     /// A stored job could not be rebuilt.
     public static func invalidStoredJob(_ message: String) -> EngineError { EngineError(.invalidStoredJob, message) }
 
+    /// The server is shutting down and changes no job any more.
+    public static func shuttingDown(_ message: String) -> EngineError { EngineError(.shuttingDown, message) }
+
     public var isBadCursor: Bool { code == .badCursor }
+    public var isShuttingDown: Bool { code == .shuttingDown }
     public var description: String { message }
 }

@@ -43,6 +43,20 @@ final class JobRun: @unchecked Sendable {
 
     var id: String { record.id }
 
+    /// Node `i` as reads show it: a running node's `elapsedMs` is the time so far.
+    func nodeSnapshot(_ i: Int, includeResult: Bool = true, nowMs: Int64 = Timestamp.nowMs()) -> NodeRecord {
+        var node = nodes[i]
+        if !includeResult { node.result = nil }
+        if node.state == .running, let started = node.startedAt { node.elapsedMs = Int(max(0, nowMs - started)) }
+        return node
+    }
+
+    /// Every node as reads show it, in tree order.
+    func nodeSnapshots(includeResults: Bool) -> [NodeRecord] {
+        let now = Timestamp.nowMs()
+        return nodes.indices.map { nodeSnapshot($0, includeResult: includeResults, nowMs: now) }
+    }
+
     // MARK: - Starting
 
     /// Starts the job: its deadline, then its root.
@@ -356,6 +370,17 @@ final class JobRun: @unchecked Sendable {
         }
         if failure.isCancellation { return NodeError(.cancelled, "cancelled", node: node) }
         return NodeError(.internal, String(describing: failure.error), node: node)
+    }
+}
+
+extension NodeRecord {
+    /// Ends a node that will never run (again) as `cancelled`, saying why; a running one keeps the time it ran.
+    mutating func settleAsLeftover(reason: String, nowMs: Int64) {
+        if state == .running, let started = startedAt { elapsedMs = Int(max(0, nowMs - started)) }
+        state = .cancelled
+        finishedAt = nowMs
+        result = nil
+        error = NodeError(.cancelled, reason, node: id)
     }
 }
 

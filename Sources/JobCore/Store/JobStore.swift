@@ -75,6 +75,29 @@ public struct JobPage: Sendable, Equatable {
     }
 }
 
+/// A stored unfinished job that could not be read whole.
+public struct UnreadableJob: Sendable {
+    /// What could be read: id, state, times and progress (no `request`, `metadata`, `result` or `error`).
+    public var job: JobRecord
+    /// Why the rest could not.
+    public var error: StoreError
+
+    public init(job: JobRecord, error: StoreError) {
+        self.job = job
+        self.error = error
+    }
+}
+
+extension JobStore {
+    /// As `unfinishedJobs(unreadable:)`, throwing the first job's error if any cannot be read.
+    public func unfinishedJobs() throws -> [(job: JobRecord, nodes: [NodeRecord])] {
+        var unreadable: [UnreadableJob] = []
+        let jobs = try unfinishedJobs(unreadable: &unreadable)
+        if let first = unreadable.first { throw first.error }
+        return jobs
+    }
+}
+
 /// Where jobs, their nodes and response bodies are persisted.
 ///
 /// Writes are serialised by the store; every method may be called from any
@@ -96,6 +119,10 @@ public protocol JobStore: AnyObject, Sendable {
     /// Blocks until everything enqueued before this call is committed.
     /// - Throws: `StoreError` if some change enqueued since the previous `flush` could not be written.
     func flush() throws
+
+    /// As `flush()`, without blocking: `completion` runs (on the store's thread, so it must be quick) once
+    /// everything enqueued before this call is committed, or with the error that kept it from being written.
+    func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void)
 
     /// The job with everything stored about it, or `nil`.
     func job(id: String) throws -> JobRecord?
@@ -125,7 +152,13 @@ public protocol JobStore: AnyObject, Sendable {
     func deleteJob(id: String) throws -> Bool
 
     /// Jobs whose state is pending or running, oldest first, with their nodes (results included) — for recovery on start.
-    func unfinishedJobs() throws -> [(job: JobRecord, nodes: [NodeRecord])]
+    /// A job whose row or nodes cannot be read is left out and appended to `unreadable`, so that one damaged job
+    /// does not keep the others from resuming.
+    /// - Throws: `StoreError` when the store cannot be read at all.
+    func unfinishedJobs(unreadable: inout [UnreadableJob]) throws -> [(job: JobRecord, nodes: [NodeRecord])]
+
+    /// Nodes still pending or running in jobs that have settled (a crash came between the two), in job and tree order.
+    func unsettledNodesOfSettledJobs() throws -> [NodeRecord]
 
     /// Deletes settled jobs finished before `finishedBeforeMs`; returns how many.
     func sweep(finishedBeforeMs: Int64) throws -> Int

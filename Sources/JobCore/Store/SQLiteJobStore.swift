@@ -98,6 +98,13 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         try ticket.wait()
     }
 
+    /// Calls `completion` on the writer thread once everything queued before this call is committed
+    /// (or could not be); never blocks.
+    public func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
+        let ticket = WriteTicket<Void>(onComplete: completion)
+        if !queue.push(.barrier(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+    }
+
     /// Deletes the job, its nodes and its bodies in one transaction of the writer.
     public func deleteJob(id: String) throws -> Bool {
         let ticket = WriteTicket<Bool>()
@@ -237,9 +244,12 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
-    /// Reads pending and running jobs and all their nodes with two queries in one snapshot.
-    public func unfinishedJobs() throws -> [(job: JobRecord, nodes: [NodeRecord])] {
-        try readers.with { db in
+    /// Reads pending and running jobs and all their nodes with two queries in one snapshot; a job whose row
+    /// or nodes cannot be read is left out and described in `unreadable`.
+    public func unfinishedJobs(unreadable: inout [UnreadableJob]) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
+        var skipped: [UnreadableJob] = []
+        defer { unreadable.append(contentsOf: skipped) }
+        return try readers.with { db in
             // One read transaction: jobs and nodes from the same snapshot.
             try db.execute("BEGIN")
             defer { try? db.execute("COMMIT") }
@@ -247,7 +257,13 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
             let jobStatement = try db.prepare("SELECT \(Columns.job) FROM jobs WHERE state IN \(unfinished) ORDER BY id")
             defer { jobStatement.reset() }
             var jobs: [JobRecord] = []
-            while try jobStatement.step() { jobs.append(try Rows.job(jobStatement)) }
+            while try jobStatement.step() {
+                do {
+                    jobs.append(try Rows.job(jobStatement))
+                } catch let error as StoreError {
+                    if let partial = Rows.partialJob(jobStatement) { skipped.append(UnreadableJob(job: partial, error: error)) }
+                }
+            }
             jobStatement.reset()
             if jobs.isEmpty { return [] }
 
@@ -256,9 +272,18 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
             defer { nodeStatement.reset() }
             var byJob: [String: [NodeRecord]] = [:]
             byJob.reserveCapacity(jobs.count)
+            var badNodes: [String: StoreError] = [:]
             while try nodeStatement.step() {
-                let node = try Rows.node(nodeStatement)
-                byJob[node.jobID, default: []].append(node)
+                do {
+                    let node = try Rows.node(nodeStatement)
+                    byJob[node.jobID, default: []].append(node)
+                } catch let error as StoreError {
+                    if let jobID = nodeStatement.string(0) { badNodes[jobID] = error }
+                }
+            }
+            if !badNodes.isEmpty {
+                for job in jobs { if let error = badNodes[job.id] { skipped.append(UnreadableJob(job: job, error: error)) } }
+                jobs.removeAll { badNodes[$0.id] != nil }
             }
             return jobs.map { job in
                 var nodes = byJob[job.id] ?? []
@@ -266,6 +291,25 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
                 if !inOrder { nodes.sort { $0.position < $1.position } }
                 return (job: job, nodes: nodes)
             }
+        }
+    }
+
+    /// Reads the nodes still pending or running in settled jobs, with one query over the jobs whose progress
+    /// says some are (a node's state and its job's progress are written in the same transaction).
+    public func unsettledNodesOfSettledJobs() throws -> [NodeRecord] {
+        try readers.with { db in
+            let unfinished = "('\(NodeState.pending.rawValue)', '\(NodeState.running.rawValue)')"
+            let statement = try db.prepare(
+                "SELECT \(Columns.prefixed("n", Columns.node)) FROM jobs j JOIN nodes n ON n.job_id = j.id "
+                    + "WHERE j.state NOT IN \(unfinished) AND (j.p_pending > 0 OR j.p_running > 0) AND n.state IN \(unfinished) "
+                    + "ORDER BY n.job_id, n.position")
+            defer { statement.reset() }
+            var nodes: [NodeRecord] = []
+            while try statement.step() {
+                // A node that cannot be read cannot be repaired either; the others still are.
+                if let node = try? Rows.node(statement) { nodes.append(node) }
+            }
+            return nodes
         }
     }
 
@@ -774,6 +818,19 @@ enum Rows {
         statement.bind(18, json: job.result)
     }
 
+    /// What can be read of a job row whose JSON columns cannot: the id, counters and times, without
+    /// `request`, `metadata`, `result` or `error`; `nil` without an id or a known state.
+    static func partialJob(_ s: SQLiteStatement) -> JobRecord? {
+        guard let id = s.string(0), let state = try? self.state(s, 2) else { return nil }
+        var progress = Progress()
+        progress.total = s.int(8)
+        for (k, state) in NodeState.allCases.enumerated() { progress[state] = s.int(Int32(9 + k)) }
+        return JobRecord(
+            id: id, name: s.string(1), state: state, createdAt: s.int64(3), startedAt: s.optionalInt64(4),
+            finishedAt: s.optionalInt64(5), request: .null, deadlineMs: s.optionalInt(6), version: s.int64(7),
+            progress: progress)
+    }
+
     static func job(_ s: SQLiteStatement) throws -> JobRecord {
         guard let id = s.string(0) else { throw StoreError(.corrupt, "job without id") }
         let state = try self.state(s, 2)
@@ -782,7 +839,8 @@ enum Rows {
         for (k, state) in NodeState.allCases.enumerated() { progress[state] = s.int(Int32(9 + k)) }
         return JobRecord(
             id: id, name: s.string(1), state: state, createdAt: s.int64(3), startedAt: s.optionalInt64(4),
-            finishedAt: s.optionalInt64(5), request: try s.json(18, maxDepth: maxJSONDepth) ?? .null,
+            // Reads never show the request; one that cannot be read fails only the rebuild of its job.
+            finishedAt: s.optionalInt64(5), request: (try? s.json(18, maxDepth: maxJSONDepth)) ?? .null,
             metadata: try s.json(16, maxDepth: maxJSONDepth), deadlineMs: s.optionalInt(6),
             result: try s.json(17, maxDepth: maxJSONDepth), error: try error(s, 15), version: s.int64(7),
             progress: progress)

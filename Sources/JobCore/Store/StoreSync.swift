@@ -42,11 +42,19 @@ final class StoreMonitor: @unchecked Sendable {
 final class WriteTicket<Value>: @unchecked Sendable {
     private let done = DispatchSemaphore(value: 0)
     private var result: Result<Value, StoreError>?
+    /// Set at creation and only read by the writer afterwards, so it needs no lock.
+    private let onComplete: (@Sendable (Result<Value, StoreError>) -> Void)?
+
+    /// A ticket to `wait()` for, or one whose answer goes to `onComplete` on the writer thread.
+    init(onComplete: (@Sendable (Result<Value, StoreError>) -> Void)? = nil) {
+        self.onComplete = onComplete
+    }
 
     /// Called once, by the writer.
     func complete(_ result: Result<Value, StoreError>) {
         self.result = result
         done.signal()
+        onComplete?(result)
     }
 
     /// Blocks until the writer completed the ticket.
