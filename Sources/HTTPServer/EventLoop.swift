@@ -9,46 +9,41 @@ final class Connection {
     /// descriptor number that was closed and reused within one batch then finds no connection.
     let token: UInt64
     var parser: HTTPRequestParser
+    /// Every decision about reading, time limits, lingering and closing.
+    var machine: ConnectionStateMachine
     /// Received bytes not parsed yet, from `inOffset` on (while a response is pending or too many answers are
     /// unsent, pipelined requests wait here).
     var inBuffer: [UInt8] = []
     var inOffset = 0
     var outBuffer: [UInt8] = []
     var outOffset = 0
-    /// Responses serialised into `outBuffer` since it was last written out whole: parsing stops at
-    /// `EventLoop.maxAnswersInFlight`, so a client that pipelines and never reads costs a bounded amount of memory.
-    var answersInFlight = 0
     /// The request dispatched and not answered yet; later requests wait behind it.
     var pending: HTTPResponder?
-    /// `102 Processing` was sent for `pending` to find out whether a client that sent FIN is still there.
-    var probeSent = false
-    var closeAfterWrite = false
-    var lingering = false
-    /// The client sent FIN (or shut down its writing side): what it sent is answered, then the connection closes.
-    var peerHalfClosed = false
-    /// The connection is being closed after a `408`: the client had its time, so the linger is short.
-    var timedOut = false
     var closed = false
+    /// Counted in `EventLoop.activeConnections` (until it lingers or closes).
+    var countedActive = true
     /// True while the loop is feeding this connection's bytes to the parser (responses are then flushed afterwards).
     var processing = false
     var interest: UInt32
-    var requestsServed = 0
-    var headStart: UInt64
-    var lastActivity: UInt64
-    var lingerDeadline: UInt64 = 0
 
-    init(fd: Int32, serial: UInt32, limits: HTTPParserLimits, remoteAddress: String, now: UInt64, interest: UInt32) {
+    init(fd: Int32, serial: UInt32, limits: HTTPParserLimits, timeouts: ConnectionStateMachine.Timeouts,
+         remoteAddress: String, now: UInt64, interest: UInt32) {
         self.fd = fd
         self.token = UInt64(serial) << 32 | UInt64(UInt32(bitPattern: fd))
         self.parser = HTTPRequestParser(limits: limits, remoteAddress: remoteAddress)
-        self.headStart = now
-        self.lastActivity = now
+        self.machine = ConnectionStateMachine(timeouts: timeouts, now: now)
         self.interest = interest
     }
 
     var hasOutput: Bool { outOffset < outBuffer.count }
     /// Received bytes still to parse.
     var bufferedInput: Int { inBuffer.count - inOffset }
+
+    /// What the state machine is shown of the parser and buffers.
+    var buffers: ConnectionStateMachine.Buffers {
+        ConnectionStateMachine.Buffers(parserIdle: parser.isIdle, readingBody: parser.isReadingBody,
+                                       hasOutput: hasOutput, bufferedInput: bufferedInput)
+    }
 
     func dropInput() {
         inBuffer = []
@@ -59,10 +54,7 @@ final class Connection {
 /// Settings every loop shares, fixed at start.
 struct LoopSettings {
     var limits: HTTPParserLimits
-    var headerTimeoutMs: UInt64
-    /// The longest a whole request (head and body) may take to arrive, however steadily its bytes trickle in.
-    var requestTimeoutMs: UInt64
-    var idleTimeoutMs: UInt64
+    var timeouts: ConnectionStateMachine.Timeouts
     var maxConnections: Int
     var onResponse: (@Sendable (String?, String, Int, UInt64) -> Void)?
     var router: Router
@@ -81,14 +73,6 @@ final class EventLoop: @unchecked Sendable {
 
     private static let readChunk = 64 * 1024
     private static let maxEvents = 256
-    private static let lingerMs: UInt64 = 2000
-    /// A client that let a request time out gets this long to read its `408` before the close.
-    private static let lingerAfterTimeoutMs: UInt64 = 500
-    /// Stop reading from a connection whose pipelined backlog exceeds this while it waits for a response.
-    private static let maxBacklog = 64 * 1024
-    /// Requests parsed whose answers are not written out yet, per connection: past this, parsing (and so
-    /// reading) waits for the client to read.
-    static let maxAnswersInFlight = 16
 
     private let settings: LoopSettings
     private let epollFD: Int32
@@ -123,7 +107,7 @@ final class EventLoop: @unchecked Sendable {
         }
         self.scratch = UnsafeMutableRawBufferPointer.allocate(byteCount: EventLoop.readChunk, alignment: 16)
         self.now = monotonicMilliseconds()
-        let shortest = min(settings.headerTimeoutMs, settings.idleTimeoutMs, settings.requestTimeoutMs)
+        let shortest = min(settings.timeouts.header, settings.timeouts.idle, settings.timeouts.request)
         self.sweepIntervalMs = max(10, min(1000, shortest / 4))
         try register(wakeFD, events: EPOLLIN.rawValue)
         try register(listenFD, events: EPOLLIN.rawValue)
@@ -264,7 +248,7 @@ final class EventLoop: @unchecked Sendable {
             _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size))
             let interest = EPOLLIN.rawValue
             nextSerial = nextSerial == UInt32.max ? 1 : nextSerial + 1
-            let connection = Connection(fd: fd, serial: nextSerial, limits: settings.limits,
+            let connection = Connection(fd: fd, serial: nextSerial, limits: settings.limits, timeouts: settings.timeouts,
                                         remoteAddress: formatAddress(&address), now: now, interest: interest)
             do {
                 try register(fd, token: connection.token, events: interest)
@@ -314,27 +298,20 @@ final class EventLoop: @unchecked Sendable {
             return
         }
         if count == 0 {
-            if connection.lingering {
-                close(connection)
-                return
-            }
             // FIN says the client sends nothing more, not that it stopped reading (`shutdown(SHUT_WR)`):
-            // what it sent is still answered, however late, and `advance` closes once nothing is owed.
-            connection.peerHalfClosed = true
-            if let pending = connection.pending, pending.wantsCloseNotice {
-                probe(connection)
-            }
+            // what it sent is still answered, however late.
+            perform(connection.machine.event(.peerClosed(watched: watchesClose(connection))), on: connection)
             return
         }
-        connection.lastActivity = now
-        if connection.lingering || connection.closeAfterWrite || connection.peerHalfClosed {
+        _ = connection.machine.event(.bytesReceived(now: now))
+        guard connection.machine.acceptsInput else {
             return  // the framing is lost or we are closing: what the client still sends is discarded
         }
         let bytes = UnsafeRawBufferPointer(rebasing: scratch[0..<count])
         if connection.bufferedInput == 0 {
             connection.dropInput()
             let used = feed(connection, bytes)
-            if used < count && !connection.closed && !connection.closeAfterWrite {
+            if used < count && !connection.closed && connection.machine.keepsInput {
                 connection.inBuffer.append(contentsOf: UnsafeRawBufferPointer(rebasing: bytes[used...]))
             }
         } else {
@@ -346,32 +323,51 @@ final class EventLoop: @unchecked Sendable {
         }
     }
 
+    /// Whether the pending request's handler waits to hear of a close and may be sent a `102` to find out.
+    private func watchesClose(_ connection: Connection) -> Bool {
+        guard let pending = connection.pending else { return false }
+        return !pending.isHTTP10 && pending.wantsCloseNotice
+    }
+
     /// Writes what is queued and parses what waits in `inBuffer`, until the connection waits for a handler,
-    /// for the client to read, or for more bytes; then closes it if a half-closed client is owed nothing
-    /// more, or sets what the loop watches it for.
+    /// for the client to read, or for more bytes; then lets the state machine close it or sets what the loop
+    /// watches it for.
     private func advance(_ connection: Connection) {
         var rounds = 0
         // Each round either parses at least one request or ends: the bound only guards against our own bugs.
         while !connection.closed && rounds < 1_000_000 {
             rounds += 1
-            if connection.pending == nil && !connection.closeAfterWrite
-                && connection.answersInFlight < EventLoop.maxAnswersInFlight {
+            if connection.machine.mayParse {
                 processBuffered(connection)
                 if connection.closed { return }
             }
             flush(connection)
             if connection.closed { return }
-            if connection.hasOutput || connection.pending != nil || connection.closeAfterWrite
-                || connection.bufferedInput == 0 {
+            if connection.hasOutput || !connection.machine.mayParse || connection.bufferedInput == 0 {
                 break
             }
         }
-        if connection.peerHalfClosed && connection.pending == nil && !connection.hasOutput && !connection.lingering {
-            // Nothing more can arrive (a request cut short by the FIN never completes) and nothing is owed.
-            close(connection)
-            return
+        perform(connection.machine.event(.settled(connection.buffers)), on: connection)
+        if !connection.closed {
+            updateInterest(connection)
         }
-        updateInterest(connection)
+    }
+
+    /// Does what the state machine asked.
+    private func perform(_ action: ConnectionStateMachine.Action, on connection: Connection) {
+        switch action {
+        case .none:
+            break
+        case .probe:
+            connection.outBuffer.append(contentsOf: EventLoop.processingResponse)
+        case .answerTimeout(let message):
+            // RFC 9110 §15.5.9; the connection closes after it.
+            queueError(connection, status: 408, code: "request_timeout", message: message)
+        case .startLingering:
+            startLingering(connection)
+        case .close:
+            close(connection)
+        }
     }
 
     /// Parses what waits in `inBuffer`, after a pending response was written.
@@ -382,24 +378,22 @@ final class EventLoop: @unchecked Sendable {
         let start = connection.inOffset
         connection.dropInput()
         let used = buffered.withUnsafeBytes { feed(connection, UnsafeRawBufferPointer(rebasing: $0[start...])) }
-        if start + used < buffered.count && !connection.closed && !connection.closeAfterWrite {
+        if start + used < buffered.count && !connection.closed && connection.machine.keepsInput {
             connection.inBuffer = buffered
             connection.inOffset = start + used
         }
     }
 
-    /// Feeds bytes to the parser and dispatches requests until one waits for its response or
-    /// `maxAnswersInFlight` answers wait to be written.
+    /// Feeds bytes to the parser and dispatches requests while the state machine lets it (one waits for its
+    /// response, or too many answers wait to be written).
     /// - Returns: the bytes consumed.
     private func feed(_ connection: Connection, _ bytes: UnsafeRawBufferPointer) -> Int {
         var offset = 0
         connection.processing = true
         defer { connection.processing = false }
-        while offset < bytes.count && connection.pending == nil && !connection.closeAfterWrite && !connection.closed
-            && connection.answersInFlight < EventLoop.maxAnswersInFlight {
+        while offset < bytes.count && !connection.closed && connection.machine.mayParse {
             if connection.parser.isIdle {
-                // A request's time limits count from its first byte the parser sees.
-                connection.headStart = now
+                _ = connection.machine.event(.requestBegan(now: now))
             }
             let (used, event) = connection.parser.parse(UnsafeRawBufferPointer(rebasing: bytes[offset...]))
             offset += used
@@ -410,52 +404,44 @@ final class EventLoop: @unchecked Sendable {
             case .request(let parsed):
                 dispatch(connection, parsed)
             case .failure(let error):
-                answerAndClose(connection, status: error.status, code: error.code, message: error.message)
+                queueError(connection, status: error.status, code: error.code, message: error.message)
             }
         }
         return offset
     }
 
     /// Queues an error answer that ends the connection (the request's framing is lost or its time is up).
-    private func answerAndClose(_ connection: Connection, status: Int, code: String, message: String) {
+    private func queueError(_ connection: Connection, status: Int, code: String, message: String) {
         let response = HTTPResponse.error(status: status, code: code, message: message)
         serializeResponse(response, into: &connection.outBuffer, dateHeader: dateHeader, isHead: false,
                           keepAlive: false, http10: false)
-        connection.closeAfterWrite = true
-        connection.answersInFlight += 1
+        _ = connection.machine.event(.errorQueued)
         settings.onResponse?(nil, "", status, 0)
     }
 
-    /// After a FIN, tells a client that only half-closed from one that went away, for a handler that asked to
-    /// hear of the latter (`onClose`, e.g. a long-poll): a `102 Processing` interim response, which an
-    /// HTTP/1.1 client must accept before the final one, is answered with a reset by a closed socket, and
-    /// the reset closes the connection and runs `onClose`. HTTP/1.0 clients get no 1xx: theirs just waits.
-    private func probe(_ connection: Connection) {
-        guard let pending = connection.pending, !connection.probeSent, !pending.isHTTP10 else { return }
-        connection.probeSent = true
-        connection.outBuffer.append(contentsOf: EventLoop.processingResponse)
-    }
-
-    /// A handler set `onClose` after the client's FIN was already seen.
+    /// A handler set `onClose` after its request was dispatched: the client's FIN may have come first.
     func closeWatchRequested(_ responder: HTTPResponder) {
         assert(inLoopThread, "connections are touched on their own loop")
-        guard let connection = responder.connection, !connection.closed, connection.pending === responder,
-              connection.peerHalfClosed else { return }
-        probe(connection)
-        if !connection.processing {
+        guard let connection = responder.connection, !connection.closed, connection.pending === responder else { return }
+        perform(connection.machine.event(.closeWatchRequested(watched: watchesClose(connection))), on: connection)
+        if !connection.processing && !connection.closed {
             advance(connection)
         }
     }
 
+    /// Sent after a FIN to tell a client that only half-closed from one that went away, for a handler that
+    /// asked to hear of the latter (`onClose`, e.g. a long-poll): HTTP/1.1 clients must accept interim
+    /// responses before the final one, while a closed socket answers one with a reset, which ends the
+    /// connection and runs `onClose`.
     private static let processingResponse: [UInt8] = Array("HTTP/1.1 102 Processing\r\n\r\n".utf8)
     private static let continueResponse: [UInt8] = Array("HTTP/1.1 100 Continue\r\n\r\n".utf8)
 
     private func dispatch(_ connection: Connection, _ parsed: ParsedRequest) {
-        connection.probeSent = false
         let start = settings.onResponse == nil ? 0 : monotonicNanoseconds()
         let responder = HTTPResponder(loop: self, connection: connection, method: parsed.request.method,
                                       isHTTP10: parsed.request.version == .http1_0, keepAlive: parsed.keepAlive, startNanoseconds: start)
         connection.pending = responder
+        _ = connection.machine.event(.requestDispatched)
         settings.router.route(parsed.request, responder)
     }
 
@@ -470,11 +456,7 @@ final class EventLoop: @unchecked Sendable {
         }
         serializeResponse(response, into: &connection.outBuffer, dateHeader: dateHeader, isHead: responder.isHead,
                           keepAlive: keepAlive, http10: responder.isHTTP10)
-        if !keepAlive {
-            connection.closeAfterWrite = true
-        }
-        connection.answersInFlight += 1
-        connection.requestsServed += 1
+        _ = connection.machine.event(.answerQueued(keepAlive: keepAlive))
         if let onResponse = settings.onResponse {
             let elapsed = monotonicNanoseconds() &- responder.startNanoseconds
             onResponse(responder.routePattern, responder.method, response.status, elapsed)
@@ -503,7 +485,7 @@ final class EventLoop: @unchecked Sendable {
             }
             guard case .processed(let written) = result else { return }
             connection.outOffset += written
-            connection.lastActivity = now
+            _ = connection.machine.event(.outputWritten(now: now))
         }
         if connection.outBuffer.capacity > 256 * 1024 {
             connection.outBuffer = []
@@ -511,34 +493,23 @@ final class EventLoop: @unchecked Sendable {
             connection.outBuffer.removeAll(keepingCapacity: true)
         }
         connection.outOffset = 0
-        connection.answersInFlight = 0
-        if connection.closeAfterWrite && connection.pending == nil && !connection.lingering {
-            if connection.peerHalfClosed {
-                close(connection)
-            } else {
-                startLingering(connection)
-            }
-        }
+        perform(connection.machine.event(.outputDrained(now: now)), on: connection)
     }
 
     /// Half-closes after the last response and drains what the client still sends, so that unread
     /// request bytes don't turn our close into a reset that destroys the response in flight.
     private func startLingering(_ connection: Connection) {
-        connection.lingering = true
         connection.dropInput()
-        connection.lingerDeadline = now + (connection.timedOut ? EventLoop.lingerAfterTimeoutMs : EventLoop.lingerMs)
-        activeConnections.subtract(1, ordering: .relaxed)
+        if connection.countedActive {
+            connection.countedActive = false
+            activeConnections.subtract(1, ordering: .relaxed)
+        }
         _ = Glibc.shutdown(connection.fd, Int32(SHUT_WR))
     }
 
     private func updateInterest(_ connection: Connection) {
-        // Backpressure: nothing more is read while output waits for the client (or the client already sent FIN,
-        // after which EPOLLIN would stay ready forever); a lingering connection is drained.
-        let reading = connection.lingering
-            || (!connection.peerHalfClosed && !connection.closeAfterWrite && !connection.hasOutput
-                && connection.bufferedInput < EventLoop.maxBacklog)
         var wanted: UInt32 = 0
-        if reading { wanted |= EPOLLIN.rawValue }
+        if connection.machine.wantsRead(connection.buffers) { wanted |= EPOLLIN.rawValue }
         if connection.hasOutput { wanted |= EPOLLOUT.rawValue }
         if wanted == connection.interest { return }
         var event = epoll_event()
@@ -559,7 +530,8 @@ final class EventLoop: @unchecked Sendable {
             connections[Int(connection.fd)] = nil
         }
         connectionCount -= 1
-        if !connection.lingering {
+        if connection.countedActive {
+            connection.countedActive = false
             activeConnections.subtract(1, ordering: .relaxed)
         }
         connection.dropInput()
@@ -581,57 +553,13 @@ final class EventLoop: @unchecked Sendable {
             }
         }
         for case let connection? in connections {
-            guard let deadline = deadline(of: connection), now >= deadline else { continue }
-            if awaitsRequestBytes(connection) {
-                timeOut(connection)
-            } else {
-                close(connection)
+            let action = connection.machine.event(.tick(now: now, connection.buffers))
+            guard action != .none else { continue }
+            perform(action, on: connection)
+            if !connection.closed {
+                advance(connection)
             }
         }
-    }
-
-    /// True while part of a request has arrived and the rest is awaited (no answer pending or being written).
-    private func awaitsRequestBytes(_ connection: Connection) -> Bool {
-        !connection.lingering && !connection.closeAfterWrite && !connection.hasOutput && connection.pending == nil
-            && !(connection.parser.isIdle && connection.bufferedInput == 0)
-    }
-
-    private func deadline(of connection: Connection) -> UInt64? {
-        if connection.lingering { return connection.lingerDeadline }
-        if connection.hasOutput { return connection.lastActivity + settings.idleTimeoutMs }
-        if connection.pending != nil { return nil }
-        if connection.parser.isIdle && connection.bufferedInput == 0 {
-            if connection.requestsServed == 0 {
-                return connection.headStart + settings.headerTimeoutMs
-            }
-            return connection.lastActivity + settings.idleTimeoutMs
-        }
-        let whole = connection.headStart + settings.requestTimeoutMs
-        if connection.parser.isReadingBody {
-            return min(connection.lastActivity + settings.headerTimeoutMs, whole)
-        }
-        return min(connection.headStart + settings.headerTimeoutMs, whole)
-    }
-
-    /// A request that did not arrive in time is answered `408` (RFC 9110 §15.5.9), then the connection closes.
-    private func timeOut(_ connection: Connection) {
-        let message: String
-        if connection.parser.isReadingBody {
-            if now >= connection.headStart + settings.requestTimeoutMs {
-                message = "request not received within \(seconds(settings.requestTimeoutMs))"
-            } else {
-                message = "no request body bytes for \(seconds(settings.headerTimeoutMs))"
-            }
-        } else {
-            message = "request head not received within \(seconds(min(settings.headerTimeoutMs, settings.requestTimeoutMs)))"
-        }
-        connection.timedOut = true
-        answerAndClose(connection, status: 408, code: "request_timeout", message: message)
-        advance(connection)
-    }
-
-    private func seconds(_ milliseconds: UInt64) -> String {
-        milliseconds % 1000 == 0 ? "\(milliseconds / 1000) s" : "\(milliseconds) ms"
     }
 
     private func refreshDate() {
@@ -657,13 +585,9 @@ final class EventLoop: @unchecked Sendable {
             listenRegistered = false
         }
         for case let connection? in connections {
-            // Only connections between requests are closed: a request already begun (even half its head)
-            // is read to its end within the grace period and answered, with `Connection: close`.
-            let idle = connection.pending == nil && !connection.hasOutput && connection.parser.isIdle
-                && connection.bufferedInput == 0
-            if idle || connection.lingering {
-                close(connection)
-            }
+            // Only connections between requests (or lingering) close: a request already begun is read to
+            // its end within the grace period and answered, with `Connection: close`.
+            perform(connection.machine.event(.shutdownBegan(connection.buffers)), on: connection)
         }
     }
 }

@@ -89,9 +89,10 @@ public final class HTTPServer: @unchecked Sendable {
                 limits: HTTPParserLimits(maxHeaderBytes: configuration.maxHeaderBytes,
                                          maxTargetBytes: configuration.maxTargetBytes,
                                          maxBodyBytes: configuration.maxRequestBodyBytes),
-                headerTimeoutMs: UInt64(max(0.001, configuration.headerTimeoutSeconds) * 1000),
-                requestTimeoutMs: UInt64(max(0.001, configuration.requestTimeoutSeconds) * 1000),
-                idleTimeoutMs: UInt64(max(0.001, configuration.idleTimeoutSeconds) * 1000),
+                timeouts: ConnectionStateMachine.Timeouts(
+                    header: UInt64(max(0.001, configuration.headerTimeoutSeconds) * 1000),
+                    request: UInt64(max(0.001, configuration.requestTimeoutSeconds) * 1000),
+                    idle: UInt64(max(0.001, configuration.idleTimeoutSeconds) * 1000)),
                 maxConnections: (configuration.maxConnections + count - 1) / count,
                 onResponse: configuration.onResponse,
                 router: router)
