@@ -439,9 +439,9 @@ final class FetchLoop: @unchecked Sendable {
             denyList: denyList, onAttempt: onAttempt, completion: completion)
         let accepted = mutex.withLock { () -> Bool in
             guard !stopping else { return false }
+            wakeIfFirstQueued()
             incoming.append(transfer)
             counters.inFlight += 1
-            wakeUnlessOnLoopThread()
             return true
         }
         if !accepted {
@@ -457,13 +457,17 @@ final class FetchLoop: @unchecked Sendable {
         mutex.withLock {
             guard !closed, !transfer.cancelRequested else { return }
             transfer.cancelRequested = true
+            wakeIfFirstQueued()
             cancels.append(transfer)
-            wakeUnlessOnLoopThread()
         }
     }
 
-    /// Called with the mutex held.
-    private func wakeUnlessOnLoopThread() {
+    /// Called with the mutex held, before queueing work. Only the first piece
+    /// of work queued since the loop's last drain needs a wakeup: the loop
+    /// drains everything queued before it polls again, so a wakeup per start
+    /// (a syscall, and a pass of the loop over every transfer) buys nothing.
+    private func wakeIfFirstQueued() {
+        guard incoming.isEmpty, cancels.isEmpty else { return }
         if let loopThread, pthread_equal(loopThread, pthread_self()) != 0 { return }
         curl_multi_wakeup(multi)
     }
