@@ -156,8 +156,19 @@ enum BodyDecoder {
     /// `type/subtype` lowercased, without parameters.
     static func mediaType(_ contentType: String?) -> String {
         guard let contentType else { return "" }
-        let bare = contentType.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
-        return bare.trimmingSpaces().lowercased()
+        // On bytes: media types are ASCII, and this runs once per response.
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(contentType.utf8.count)
+        for byte in contentType.utf8 {
+            if byte == 59 { break }  // ";"
+            bytes.append(byte >= 65 && byte <= 90 ? byte + 32 : byte)
+        }
+        func isSpace(_ byte: UInt8) -> Bool { byte == 32 || byte == 9 || byte == 13 || byte == 10 }
+        var start = 0
+        var end = bytes.count
+        while start < end, isSpace(bytes[start]) { start += 1 }
+        while end > start, isSpace(bytes[end - 1]) { end -= 1 }
+        return String(decoding: bytes[start..<end], as: UTF8.self)
     }
 
     static func isJSON(_ type: String) -> Bool {

@@ -195,19 +195,19 @@ final class Transfer {
     /// Returns false when a declared length already exceeds the limit, or the
     /// header section exceeds `Transfer.maxHeaderBytes`.
     func headerLine(_ line: UnsafeBufferPointer<UInt8>) -> Bool {
+        // Read as bytes: String's Character-wise searches cost more than the
+        // rest of a small transfer together.
         var end = line.count
         while end > 0, line[end - 1] == 10 || line[end - 1] == 13 { end -= 1 }
         if end == 0 {
             headersEnded = true
             return checkDeclaredLength()
         }
-        let text = String(decoding: UnsafeBufferPointer(rebasing: line[0..<end]), as: UTF8.self)
-        if text.hasPrefix("HTTP/") {
+        if end >= 5, line[0] == 72, line[1] == 84, line[2] == 84, line[3] == 80, line[4] == 47 {  // "HTTP/"
             headers = []
             headerBytes = 0
             headersEnded = false
-            let parts = text.split(separator: " ", maxSplits: 2)
-            status = parts.count >= 2 ? Int(parts[1]) ?? 0 : 0
+            status = Transfer.statusCode(line, end: end)
             return true
         }
         // libcurl limits one line (100 KiB) but not how many: this bounds the
@@ -217,22 +217,55 @@ final class Transfer {
             tooLargeReason = "response header section larger than \(Transfer.maxHeaderBytes) bytes"
             return false
         }
-        if let first = text.first, first == " " || first == "\t" {
+        if line[0] == 32 || line[0] == 9 {
             // obs-fold continuation of the previous field
             if let lastIndex = headers.indices.last {
-                headers[lastIndex].value += " " + text[...].trimmingSpaces()
+                headers[lastIndex].value += " " + Transfer.trimmed(line, from: 0, to: end)
             }
             return true
         }
-        guard let colon = text.firstIndex(of: ":") else { return true }
-        let name = text[..<colon].lowercased()
-        let value = text[text.index(after: colon)...].trimmingSpaces()
+        var colon = 0
+        while colon < end, line[colon] != 58 { colon += 1 }
+        guard colon < end else { return true }
+        let name = withUnsafeTemporaryAllocation(of: UInt8.self, capacity: max(colon, 1)) { lower -> String in
+            for i in 0..<colon {
+                let byte = line[i]
+                lower[i] = byte >= 65 && byte <= 90 ? byte + 32 : byte
+            }
+            return String(decoding: UnsafeBufferPointer(rebasing: lower[0..<colon]), as: UTF8.self)
+        }
+        let value = Transfer.trimmed(line, from: colon + 1, to: end)
         if let index = headers.firstIndex(where: { $0.name == name }) {
             headers[index].value += ", " + value
         } else {
             headers.append((name: name, value: value))
         }
         return true
+    }
+
+    /// The code of a status line (`HTTP/1.1 200 OK`, `HTTP/2 204`); 0 if it has none.
+    static func statusCode(_ line: UnsafeBufferPointer<UInt8>, end: Int) -> Int {
+        var i = 0
+        while i < end, line[i] != 32 { i += 1 }
+        while i < end, line[i] == 32 { i += 1 }
+        var code = 0
+        var digits = 0
+        while i < end, line[i] != 32 {
+            guard line[i] >= 48, line[i] <= 57, digits < 3 else { return 0 }
+            code = code * 10 + Int(line[i] - 48)
+            digits += 1
+            i += 1
+        }
+        return digits == 3 ? code : 0
+    }
+
+    /// `line[from..<to]` without leading and trailing spaces and tabs.
+    static func trimmed(_ line: UnsafeBufferPointer<UInt8>, from: Int, to: Int) -> String {
+        var start = from
+        var stop = to
+        while start < stop, line[start] == 32 || line[start] == 9 { start += 1 }
+        while stop > start, line[stop - 1] == 32 || line[stop - 1] == 9 { stop -= 1 }
+        return String(decoding: UnsafeBufferPointer(rebasing: line[start..<stop]), as: UTF8.self)
     }
 
     private func checkDeclaredLength() -> Bool {
@@ -406,9 +439,9 @@ final class FetchLoop: @unchecked Sendable {
             denyList: denyList, onAttempt: onAttempt, completion: completion)
         let accepted = mutex.withLock { () -> Bool in
             guard !stopping else { return false }
+            wakeIfFirstQueued()
             incoming.append(transfer)
             counters.inFlight += 1
-            wakeUnlessOnLoopThread()
             return true
         }
         if !accepted {
@@ -424,13 +457,17 @@ final class FetchLoop: @unchecked Sendable {
         mutex.withLock {
             guard !closed, !transfer.cancelRequested else { return }
             transfer.cancelRequested = true
+            wakeIfFirstQueued()
             cancels.append(transfer)
-            wakeUnlessOnLoopThread()
         }
     }
 
-    /// Called with the mutex held.
-    private func wakeUnlessOnLoopThread() {
+    /// Called with the mutex held, before queueing work. Only the first piece
+    /// of work queued since the loop's last drain needs a wakeup: the loop
+    /// drains everything queued before it polls again, so a wakeup per start
+    /// (a syscall, and a pass of the loop over every transfer) buys nothing.
+    private func wakeIfFirstQueued() {
+        guard incoming.isEmpty, cancels.isEmpty else { return }
         if let loopThread, pthread_equal(loopThread, pthread_self()) != 0 { return }
         curl_multi_wakeup(multi)
     }
