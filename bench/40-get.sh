@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GET /v1/jobs/{id} of a settled job against nginx serving the same bytes as a
-# static file, wrk -t2 -c64, one after the other, BENCH_RUNS times (default 5).
+# static file, wrk -t2 -c64, taking turns, BENCH_RUNS times (default 5).
 # Prints a markdown section on stdout: every run's ratio, their median and range.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,13 +36,25 @@ cmp -s "$tmp/www/job.json" <(curl -fsS "http://127.0.0.1:$nginx_port/job.json") 
 
 rows=""
 ratios=()
+# Each run alternates the two in SLICES slices of DURATION/SLICES each, so that a change in the machine's load
+# during a run falls on both alike; a server's figure is the mean of its slices.
+seconds=${DURATION%s}
+SLICES=${BENCH_SLICES:-5}
+slice=$(( seconds / SLICES > 0 ? seconds / SLICES : 1 ))
+mean() { python3 -c "import sys; r=[float(x) for x in sys.argv[1:]]; print(f'{sum(r)/len(r):.2f}')" "$@"; }
 for run in $(seq 1 "$RUNS"); do
-    nginx_out=$(wrk -t2 -c64 -d"$DURATION" "http://127.0.0.1:$nginx_port/job.json")
-    echo "$nginx_out" >&2
-    server_out=$(wrk -t2 -c64 -d"$DURATION" "http://127.0.0.1:$server_port/v1/jobs/$id")
-    echo "$server_out" >&2
-    nginx_rps=$(echo "$nginx_out" | rps)
-    server_rps=$(echo "$server_out" | rps)
+    nginx_slices=()
+    server_slices=()
+    for _ in $(seq 1 "$SLICES"); do
+        out=$(wrk -t2 -c64 -d"${slice}s" "http://127.0.0.1:$nginx_port/job.json")
+        echo "$out" >&2
+        nginx_slices+=("$(echo "$out" | rps)")
+        out=$(wrk -t2 -c64 -d"${slice}s" "http://127.0.0.1:$server_port/v1/jobs/$id")
+        echo "$out" >&2
+        server_slices+=("$(echo "$out" | rps)")
+    done
+    nginx_rps=$(mean "${nginx_slices[@]}")
+    server_rps=$(mean "${server_slices[@]}")
     ratio=$(python3 -c "print(f'{$server_rps / $nginx_rps:.2f}')")
     echo "run $run: nginx $nginx_rps, jobserver $server_rps, ratio $ratio" >&2
     ratios+=("$ratio")
@@ -56,7 +68,8 @@ cat <<MD
 
 \`GET /v1/jobs/{id}\` of a settled three-node job ($bytes bytes of JSON, answered from the settled-job cache with its
 \`ETag\`) against nginx $(nginx_version) serving the same bytes as a static file (\`worker_processes auto\`,
-\`access_log off\`), \`wrk -t2 -c64 -d$DURATION\` each, one after the other, $RUNS times in the same run.
+\`access_log off\`), \`wrk -t2 -c64\`, $RUNS runs one after the other; in each run the two take turns in $SLICES
+slices of ${slice}s (${seconds}s each in all) and a figure is the mean of its slices.
 
 | run | nginx, static file (requests/s) | jobserver \`GET /v1/jobs/{id}\` (requests/s) | ratio |
 |---|---:|---:|---:|
