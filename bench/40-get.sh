@@ -60,6 +60,9 @@ for run in $(seq 1 "$RUNS"); do
     ratios+=("$ratio")
     rows+="| $run | $nginx_rps | $server_rps | $ratio |"$'\n'
 done
+# Stopped gently: the cleanup's kill -9 of the master would leave its workers running.
+kill -TERM "$nginx_pid" 2>/dev/null || true
+wait "$nginx_pid" 2>/dev/null || true
 read -r median low high < <(python3 -c "import statistics,sys; r=[float(x) for x in sys.argv[1:]]; print(f'{statistics.median(r):.2f} {min(r):.2f} {max(r):.2f}')" "${ratios[@]}")
 met=$(python3 -c "print('met' if $median >= 1.0 else 'not met')")
 
