@@ -42,23 +42,45 @@ seconds=${DURATION%s}
 SLICES=${BENCH_SLICES:-5}
 slice=$(( seconds / SLICES > 0 ? seconds / SLICES : 1 ))
 mean() { python3 -c "import sys; r=[float(x) for x in sys.argv[1:]]; print(f'{sum(r)/len(r):.2f}')" "$@"; }
+# CPU time (user + system, in clock ticks) of every thread of the given processes: with the machine shared, CPU per
+# request tells the two servers' costs apart where requests/s also measures what else runs.
+ticks() {
+    local total=0 p f
+    for p in "$@"; do
+        for f in /proc/"$p"/task/*/stat; do total=$((total + $(awk '{print $14 + $15}' "$f" 2>/dev/null || echo 0))); done
+    done
+    echo "$total"
+}
+requests() { awk '/requests in/ {print $1}'; }
+hz=$(getconf CLK_TCK)
+server_pid=${pids[0]}
+nginx_workers=$(pgrep -P "$nginx_pid" | tr '\n' ' ')
 for run in $(seq 1 "$RUNS"); do
     nginx_slices=()
     server_slices=()
+    nginx_ticks=0; nginx_requests=0; server_ticks=0; server_requests=0
     for _ in $(seq 1 "$SLICES"); do
+        before=$(ticks $nginx_workers)
         out=$(wrk -t2 -c64 -d"${slice}s" "http://127.0.0.1:$nginx_port/job.json")
+        nginx_ticks=$((nginx_ticks + $(ticks $nginx_workers) - before))
         echo "$out" >&2
         nginx_slices+=("$(echo "$out" | rps)")
+        nginx_requests=$((nginx_requests + $(echo "$out" | requests)))
+        before=$(ticks "$server_pid")
         out=$(wrk -t2 -c64 -d"${slice}s" "http://127.0.0.1:$server_port/v1/jobs/$id")
+        server_ticks=$((server_ticks + $(ticks "$server_pid") - before))
         echo "$out" >&2
         server_slices+=("$(echo "$out" | rps)")
+        server_requests=$((server_requests + $(echo "$out" | requests)))
     done
     nginx_rps=$(mean "${nginx_slices[@]}")
     server_rps=$(mean "${server_slices[@]}")
     ratio=$(python3 -c "print(f'{$server_rps / $nginx_rps:.2f}')")
-    echo "run $run: nginx $nginx_rps, jobserver $server_rps, ratio $ratio" >&2
+    nginx_us=$(python3 -c "print(f'{$nginx_ticks * 1e6 / $hz / max(1, $nginx_requests):.1f}')")
+    server_us=$(python3 -c "print(f'{$server_ticks * 1e6 / $hz / max(1, $server_requests):.1f}')")
+    echo "run $run: nginx $nginx_rps ($nginx_us us CPU each), jobserver $server_rps ($server_us us), ratio $ratio" >&2
     ratios+=("$ratio")
-    rows+="| $run | $nginx_rps | $server_rps | $ratio |"$'\n'
+    rows+="| $run | $nginx_rps | $nginx_us | $server_rps | $server_us | $ratio |"$'\n'
 done
 # Stopped gently: the cleanup's kill -9 of the master would leave its workers running.
 kill -TERM "$nginx_pid" 2>/dev/null || true
@@ -72,10 +94,11 @@ cat <<MD
 \`GET /v1/jobs/{id}\` of a settled three-node job ($bytes bytes of JSON, answered from the settled-job cache with its
 \`ETag\`) against nginx $(nginx_version) serving the same bytes as a static file (\`worker_processes auto\`,
 \`access_log off\`), \`wrk -t2 -c64\`, $RUNS runs one after the other; in each run the two take turns in $SLICES
-slices of ${slice}s (${seconds}s each in all) and a figure is the mean of its slices.
+slices of ${slice}s (${seconds}s each in all) and a figure is the mean of its slices. CPU per request is the
+server's user and system time over its requests (all of nginx's workers; every thread of jobserver).
 
-| run | nginx, static file (requests/s) | jobserver \`GET /v1/jobs/{id}\` (requests/s) | ratio |
-|---|---:|---:|---:|
+| run | nginx, static file (requests/s) | nginx CPU µs/request | jobserver \`GET /v1/jobs/{id}\` (requests/s) | jobserver CPU µs/request | ratio (requests/s) |
+|---|---:|---:|---:|---:|---:|
 $rows
 Ratio to nginx: **$median** median, $low–$high over $RUNS runs (target ≥ 1.0: $met).
 MD
