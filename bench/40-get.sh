@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GET /v1/jobs/{id} of a settled job against nginx serving the same bytes as a
-# static file, wrk -t2 -c64, one after the other, BENCH_RUNS times (default 5).
+# static file, wrk -t2 -c64, taking turns, BENCH_RUNS times (default 5).
 # Prints a markdown section on stdout: every run's ratio, their median and range.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,18 +36,55 @@ cmp -s "$tmp/www/job.json" <(curl -fsS "http://127.0.0.1:$nginx_port/job.json") 
 
 rows=""
 ratios=()
+# Each run alternates the two in SLICES slices of DURATION/SLICES each, so that a change in the machine's load
+# during a run falls on both alike; a server's figure is the mean of its slices.
+seconds=${DURATION%s}
+SLICES=${BENCH_SLICES:-5}
+slice=$(( seconds / SLICES > 0 ? seconds / SLICES : 1 ))
+mean() { python3 -c "import sys; r=[float(x) for x in sys.argv[1:]]; print(f'{sum(r)/len(r):.2f}')" "$@"; }
+# CPU time (user + system, in clock ticks) of every thread of the given processes: with the machine shared, CPU per
+# request tells the two servers' costs apart where requests/s also measures what else runs.
+ticks() {
+    local total=0 p f
+    for p in "$@"; do
+        for f in /proc/"$p"/task/*/stat; do total=$((total + $(awk '{print $14 + $15}' "$f" 2>/dev/null || echo 0))); done
+    done
+    echo "$total"
+}
+requests() { awk '/requests in/ {print $1}'; }
+hz=$(getconf CLK_TCK)
+server_pid=${pids[0]}
+nginx_workers=$(pgrep -P "$nginx_pid" | tr '\n' ' ')
 for run in $(seq 1 "$RUNS"); do
-    nginx_out=$(wrk -t2 -c64 -d"$DURATION" "http://127.0.0.1:$nginx_port/job.json")
-    echo "$nginx_out" >&2
-    server_out=$(wrk -t2 -c64 -d"$DURATION" "http://127.0.0.1:$server_port/v1/jobs/$id")
-    echo "$server_out" >&2
-    nginx_rps=$(echo "$nginx_out" | rps)
-    server_rps=$(echo "$server_out" | rps)
+    nginx_slices=()
+    server_slices=()
+    nginx_ticks=0; nginx_requests=0; server_ticks=0; server_requests=0
+    for _ in $(seq 1 "$SLICES"); do
+        before=$(ticks $nginx_workers)
+        out=$(wrk -t2 -c64 -d"${slice}s" "http://127.0.0.1:$nginx_port/job.json")
+        nginx_ticks=$((nginx_ticks + $(ticks $nginx_workers) - before))
+        echo "$out" >&2
+        nginx_slices+=("$(echo "$out" | rps)")
+        nginx_requests=$((nginx_requests + $(echo "$out" | requests)))
+        before=$(ticks "$server_pid")
+        out=$(wrk -t2 -c64 -d"${slice}s" "http://127.0.0.1:$server_port/v1/jobs/$id")
+        server_ticks=$((server_ticks + $(ticks "$server_pid") - before))
+        echo "$out" >&2
+        server_slices+=("$(echo "$out" | rps)")
+        server_requests=$((server_requests + $(echo "$out" | requests)))
+    done
+    nginx_rps=$(mean "${nginx_slices[@]}")
+    server_rps=$(mean "${server_slices[@]}")
     ratio=$(python3 -c "print(f'{$server_rps / $nginx_rps:.2f}')")
-    echo "run $run: nginx $nginx_rps, jobserver $server_rps, ratio $ratio" >&2
+    nginx_us=$(python3 -c "print(f'{$nginx_ticks * 1e6 / $hz / max(1, $nginx_requests):.1f}')")
+    server_us=$(python3 -c "print(f'{$server_ticks * 1e6 / $hz / max(1, $server_requests):.1f}')")
+    echo "run $run: nginx $nginx_rps ($nginx_us us CPU each), jobserver $server_rps ($server_us us), ratio $ratio" >&2
     ratios+=("$ratio")
-    rows+="| $run | $nginx_rps | $server_rps | $ratio |"$'\n'
+    rows+="| $run | $nginx_rps | $nginx_us | $server_rps | $server_us | $ratio |"$'\n'
 done
+# Stopped gently: the cleanup's kill -9 of the master would leave its workers running.
+kill -TERM "$nginx_pid" 2>/dev/null || true
+wait "$nginx_pid" 2>/dev/null || true
 read -r median low high < <(python3 -c "import statistics,sys; r=[float(x) for x in sys.argv[1:]]; print(f'{statistics.median(r):.2f} {min(r):.2f} {max(r):.2f}')" "${ratios[@]}")
 met=$(python3 -c "print('met' if $median >= 1.0 else 'not met')")
 
@@ -56,10 +93,12 @@ cat <<MD
 
 \`GET /v1/jobs/{id}\` of a settled three-node job ($bytes bytes of JSON, answered from the settled-job cache with its
 \`ETag\`) against nginx $(nginx_version) serving the same bytes as a static file (\`worker_processes auto\`,
-\`access_log off\`), \`wrk -t2 -c64 -d$DURATION\` each, one after the other, $RUNS times in the same run.
+\`access_log off\`), \`wrk -t2 -c64\`, $RUNS runs one after the other; in each run the two take turns in $SLICES
+slices of ${slice}s (${seconds}s each in all) and a figure is the mean of its slices. CPU per request is the
+server's user and system time over its requests (all of nginx's workers; every thread of jobserver).
 
-| run | nginx, static file (requests/s) | jobserver \`GET /v1/jobs/{id}\` (requests/s) | ratio |
-|---|---:|---:|---:|
+| run | nginx, static file (requests/s) | nginx CPU µs/request | jobserver \`GET /v1/jobs/{id}\` (requests/s) | jobserver CPU µs/request | ratio (requests/s) |
+|---|---:|---:|---:|---:|---:|
 $rows
 Ratio to nginx: **$median** median, $low–$high over $RUNS runs (target ≥ 1.0: $met).
 MD

@@ -247,8 +247,9 @@ func splitTarget(_ target: String) -> (path: String, query: String?)? {
             return ("/", String(rest.dropFirst()))
         }
     }
-    if let q = rest.firstIndex(of: "?") {
-        return (String(rest[..<q]), String(rest[rest.index(after: q)...]))
+    // Searched as bytes: a Character search walks grapheme clusters, which costs more than the rest of routing.
+    if let q = rest.utf8.firstIndex(of: UInt8(ascii: "?")) {
+        return (String(rest[..<q]), String(rest[rest.utf8.index(after: q)...]))
     }
     return (String(rest), nil)
 }

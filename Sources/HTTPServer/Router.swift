@@ -85,7 +85,7 @@ public final class Router: @unchecked Sendable {
             allowedPattern = route.pattern
         }
         if !patternRoutes.isEmpty {
-            let parts = request.path.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
+            let parts = Self.segments(of: request.path).dropFirst()
             for route in patternRoutes {
                 guard let parameters = match(route.segments, parts) else { continue }
                 if let handler = handler(in: route, for: request.method) {
@@ -117,13 +117,32 @@ public final class Router: @unchecked Sendable {
         return nil
     }
 
+    /// `path` split at every `/`, empty parts kept; split as bytes (`/` is ASCII), not as Characters, which would
+    /// walk grapheme clusters on every request.
+    private static func segments(of path: String) -> [Substring] {
+        var parts: [Substring] = []
+        let utf8 = path.utf8
+        var start = utf8.startIndex
+        var i = start
+        while i != utf8.endIndex {
+            if utf8[i] == UInt8(ascii: "/") {
+                parts.append(path[start..<i])
+                start = utf8.index(after: i)
+            }
+            i = utf8.index(after: i)
+        }
+        parts.append(path[start...])
+        return parts
+    }
+
     private func match(_ segments: [Segment], _ parts: ArraySlice<Substring>) -> [String: String]? {
         guard segments.count == parts.count else { return nil }
         var parameters: [String: String] = [:]
         for (segment, part) in zip(segments, parts) {
             switch segment {
             case .literal(let literal):
-                if part != literal { return nil }
+                // Byte for byte, as HTTP compares targets (and without grapheme breaking on every request).
+                if !part.utf8.elementsEqual(literal.utf8) { return nil }
             case .parameter(let name):
                 if part.isEmpty { return nil }
                 parameters[name] = percentDecode(part, plusAsSpace: false)

@@ -41,8 +41,8 @@ final class Exchange: @unchecked Sendable {
     private let startedNs = DispatchTime.now().uptimeNanoseconds
     private let deliver: @Sendable (HTTPResponse) -> Void
     private let registerOnClose: (@escaping @Sendable () -> Void) -> Void
-    private let lock = NSLock()
-    private var answered = false
+    /// Set by the first `send`; an atomic flag rather than a lock, which would cost an allocation per request.
+    private let answered = Atomic<Bool>(false)
 
     /// - Parameters:
     ///   - deliver: hands the finished response to the connection (`HTTPResponder.send`).
@@ -61,11 +61,7 @@ final class Exchange: @unchecked Sendable {
 
     /// Sends `response` unless one was sent already.
     func send(_ response: HTTPResponse) {
-        lock.lock()
-        let first = !answered
-        answered = true
-        lock.unlock()
-        guard first else { return }
+        guard !answered.exchange(true, ordering: .acquiringAndReleasing) else { return }
         var response = response
         response.headers.set("X-Request-Id", requestID)
         // The fields are only built when the line is written: on a busy read route they cost more than the answer.

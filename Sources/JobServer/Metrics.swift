@@ -4,6 +4,7 @@ import JobCore
 /// Counts answered HTTP requests by route pattern, method and status. Fed from the
 /// server's `onResponse` hook on every event-loop thread, read by `/metrics`.
 final class HTTPRequestCounter: @unchecked Sendable {
+    // @unchecked: each shard's `counts` is only touched with that shard's `lock` held.
     /// One label set of `jobserver_http_requests_total`.
     struct Key: Hashable, Comparable {
         var route: String
@@ -15,23 +16,35 @@ final class HTTPRequestCounter: @unchecked Sendable {
         }
     }
 
-    // Private to this type and held for a dictionary update: the one place two owners meet.
-    private let lock = NSLock()
-    private var counts: [Key: Int] = [:]
+    /// Event loops count into the shard their thread picks, so that two loops rarely wait for one lock.
+    private final class Shard: @unchecked Sendable {
+        let lock = NSLock()
+        var counts: [Key: Int] = [:]
+    }
+
+    private let shards = (0..<8).map { _ in Shard() }
 
     /// Counts one response; `route` is the matched pattern, `nil` when no route matched.
     func record(route: String?, method: String, status: Int) {
         let key = Key(route: route ?? "unmatched", method: method, status: status)
-        lock.lock()
-        counts[key, default: 0] += 1
-        lock.unlock()
+        var hasher = Hasher()
+        hasher.combine(pthread_self())
+        let shard = shards[Int(UInt(bitPattern: hasher.finalize()) % UInt(shards.count))]
+        shard.lock.lock()
+        shard.counts[key, default: 0] += 1
+        shard.lock.unlock()
     }
 
     /// The counts so far.
     var snapshot: [Key: Int] {
-        lock.lock()
-        defer { lock.unlock() }
-        return counts
+        var total: [Key: Int] = [:]
+        for shard in shards {
+            shard.lock.lock()
+            let counts = shard.counts
+            shard.lock.unlock()
+            total.merge(counts, uniquingKeysWith: +)
+        }
+        return total
     }
 }
 
