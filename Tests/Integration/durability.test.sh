@@ -16,6 +16,8 @@
 source "$(dirname "$0")/lib.sh"
 # comm, join and sort must agree on one order.
 export LC_ALL=C
+# A check that breaks (rather than finds a fault) says where.
+trap 'echo "FAIL $TEST_NAME: line $LINENO: $BASH_COMMAND exited $?" >&2' ERR
 
 rounds="${DURABILITY_ROUNDS:-5}"
 ops="${DURABILITY_OPS:-12}"
@@ -56,7 +58,6 @@ reader() {
 client() {
   local out="$TMP/acks/$1.$2" done="$TMP/ops/$1.$2" mine=() cancelled=() readers=() i op answer code id r
   for ((i = 0; i < ops; i++)); do
-    printf . >>"$done"
     op=$((RANDOM % 10))
     if ((op < 4 || ${#mine[@]} == 0)); then
       answer="$(curl -s --max-time 15 -w '\n%{http_code}' -H 'Content-Type: application/json' \
@@ -100,6 +101,7 @@ client() {
         *) echo "maybe-deleted $id" >>"$out" ;;
       esac
     fi
+    printf . >>"$done"
   done
 }
 
@@ -118,8 +120,9 @@ list_all() {
   fail "the listing did not end within 10000 pages"
 }
 
-acks() { cat "$TMP"/acks/* 2>/dev/null | awk -v k="$1" '$1 == k { print $2 }' | sort -u; }
-round_acks() { cat "$TMP"/acks/"$1".* 2>/dev/null | awk -v k="$2" '$1 == k { print $2 }' | sort -u; }
+# A round killed before its first answer has no file yet: nothing to read is no error.
+acks() { { cat "$TMP"/acks/* 2>/dev/null || true; } | awk -v k="$1" '$1 == k { print $2 }' | sort -u; }
+round_acks() { { cat "$TMP"/acks/"$1".* 2>/dev/null || true; } | awk -v k="$2" '$1 == k { print $2 }' | sort -u; }
 
 # unsettled_nodes ID: how many nodes of the job are pending or running.
 unsettled_nodes() {
@@ -138,10 +141,10 @@ for ((round = 1; round <= rounds; round++)); do
   done
   STARTED_PIDS+=("${pids[@]}")
   # A random moment of the round, whatever the machine's speed: once a random number of its requests
-  # have been sent (or every client is done, or 60 s passed).
+  # have been answered (or every client is done, or 60 s passed).
   target=$((1 + RANDOM % (clients * ops)))
   deadline=$((SECONDS + 60))
-  while [ "$(cat "$TMP/ops/$round".* 2>/dev/null | wc -c)" -lt "$target" ] && [ "$SECONDS" -lt "$deadline" ]; do
+  while [ "$({ cat "$TMP/ops/$round".* 2>/dev/null || true; } | wc -c)" -lt "$target" ] && [ "$SECONDS" -lt "$deadline" ]; do
     alive=0
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
     [ "$alive" = 1 ] || break
@@ -170,7 +173,7 @@ for ((round = 1; round <= rounds; round++)); do
   round_empty_nodes="$(round_acks "$round" empty-nodes | wc -l)"
 
   # This round's deletes, one by one: the job and its nodes answer 404.
-  for id in $(round_acks "$round" deleted | head -n 20); do
+  for id in $(round_acks "$round" deleted | awk 'NR <= 20'); do
     api GET "/v1/jobs/$id"
     [ "$STATUS" = 404 ] || { round_undone_deletes=$((round_undone_deletes + 1)); log "deleted job $id answers $STATUS"; }
     api GET "/v1/jobs/$id/nodes"
@@ -182,7 +185,7 @@ for ((round = 1; round <= rounds; round++)); do
   {
     awk '$2 != "pending" && $2 != "running" && $3 > 0 { print $1 }' "$TMP/listed"
     round_acks "$round" created | join - <(sort -k1,1 "$TMP/listed") \
-      | awk '$2 != "pending" && $2 != "running" { print $1 }' | head -n 30
+      | awk '$2 != "pending" && $2 != "running" { print $1 }' | awk 'NR <= 30'
   } | sort -u >"$TMP/suspects"
   round_unsettled=0
   deadline=$((SECONDS + 15))
