@@ -496,9 +496,12 @@ public final class Engine: @unchecked Sendable {
     ) {
         guard case .success(let answer) = outcome else { return completion(outcome) }
         store.flush { committed in
-            switch committed {
-            case .success: completion(.success(answer))
-            case .failure(let error): completion(.failure(error))
+            // Off the store's writer thread, which commits the next batch meanwhile.
+            DispatchQueue.global().async {
+                switch committed {
+                case .success: completion(.success(answer))
+                case .failure(let error): completion(.failure(error))
+                }
             }
         }
     }
