@@ -76,7 +76,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     private func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) -> JobRun? {
-        guard let spec = try? JobSpec.parse(job.request, limits: configuration.limits),
+        guard let spec = try? JobSpec.parse(job.request, limits: configuration.limits.forStoredJobs),
             spec.graph.nodes.count == stored.count
         else { return nil }
         var nodes = stored.sorted { $0.position < $1.position }

@@ -45,7 +45,7 @@ private enum NodeType: String {
 
 /// Walks a job body and builds the `JobSpec`, recording every problem in `issues`.
 struct GraphValidator {
-    let limits: GraphLimits
+    let limits: Limits
     var issues = IssueCollector()
 
     static let commonFields: Set<String> = ["type", "id", "timeout_ms", "recover"]
@@ -59,14 +59,8 @@ struct GraphValidator {
     static let sequenceFields: Set<String> = ["children", "continue_on_error"]
     static let topLevelFields = ["graph", "name", "deadline_ms", "metadata"]
 
-    static let maxNameScalars = 200
-    static let maxTimeoutMs = 86_400_000
-    static let maxMetadataBytes = 16 * 1024
-    static let maxIDLength = 64
-    static let maxURLBytes = 8192
-    static let maxConcurrency = 1_000_000
 
-    init(limits: GraphLimits) {
+    init(limits: Limits) {
         self.limits = limits
     }
 
@@ -97,24 +91,24 @@ struct GraphValidator {
                     issues.add(pointer, "must be a string", key: key)
                     continue
                 }
-                if s.unicodeScalars.count > GraphValidator.maxNameScalars {
-                    issues.add(pointer, "must be at most \(GraphValidator.maxNameScalars) characters", key: key)
+                if s.unicodeScalars.count > Limits.maxNameScalars {
+                    issues.add(pointer, "must be at most \(Limits.maxNameScalars) characters", key: key)
                 }
                 name = s
             case "deadline_ms":
-                deadlineMs = integer(member.value, in: 1...GraphValidator.maxTimeoutMs, pointer, key)
+                deadlineMs = integer(member.value, in: 1...Limits.maxTimeoutMs, pointer, key)
             case "metadata":
                 guard case .object = member.value else {
                     issues.add(pointer, "must be an object", key: key)
                     continue
                 }
-                if let size = compactSize(member.value, limit: GraphValidator.maxMetadataBytes),
-                    size <= GraphValidator.maxMetadataBytes
+                if let size = compactSize(member.value, limit: Limits.maxMetadataBytes),
+                    size <= Limits.maxMetadataBytes
                 {
                     metadata = member.value
                 } else {
                     issues.add(
-                        pointer, "must be at most \(GraphValidator.maxMetadataBytes) bytes (16 KiB) as compact JSON",
+                        pointer, "must be at most \(Limits.maxMetadataBytes) bytes (\(Limits.maxMetadataBytes / 1024) KiB) as compact JSON",
                         key: key)
                 }
             default:
@@ -269,7 +263,7 @@ struct GraphValidator {
                 }
                 continue
             case "timeout_ms":
-                node.timeoutMs = integer(value, in: 1...GraphValidator.maxTimeoutMs, pointer, key)
+                node.timeoutMs = integer(value, in: 1...Limits.maxTimeoutMs, pointer, key)
                 continue
             case "recover":
                 node.recover = value
@@ -311,7 +305,7 @@ struct GraphValidator {
             case (.list, "cancel_remaining"):
                 list.cancelRemaining = boolean(value, pointer, key) ?? list.cancelRemaining
             case (.list, "concurrency"):
-                list.concurrency = integer(value, in: 1...GraphValidator.maxConcurrency, pointer, key)
+                list.concurrency = integer(value, in: 1...Limits.maxConcurrency, pointer, key)
             case (.sequence, "continue_on_error"):
                 sequence.continueOnError = boolean(value, pointer, key) ?? sequence.continueOnError
             case (.fetch, _) where GraphValidator.fetchFields.contains(member.key):
@@ -353,13 +347,13 @@ struct GraphValidator {
     }
 
     private mutating func checkID(_ value: JSONValue, _ pointer: String, _ key: [Int]) -> String? {
-        let rule = "1 to \(GraphValidator.maxIDLength) characters from A-Z a-z 0-9 _ . -"
+        let rule = "1 to \(Limits.maxIDLength) characters from A-Z a-z 0-9 _ . -"
         guard case .string(let id) = value else {
             issues.add(pointer, "must be a string of \(rule)", key: key)
             return nil
         }
         let valid =
-            !id.isEmpty && id.utf8.count <= GraphValidator.maxIDLength
+            !id.isEmpty && id.utf8.count <= Limits.maxIDLength
             && id.utf8.allSatisfy { c in
                 (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) || c == 0x5F
                     || c == 0x2E || c == 0x2D
@@ -414,7 +408,7 @@ struct GraphValidator {
                 return
             }
             fetch.url = url
-            if let problem = URLCheck.problem(url, maxBytes: GraphValidator.maxURLBytes) {
+            if let problem = URLCheck.problem(url, maxBytes: Limits.maxURLBytes) {
                 issues.add(pointer, problem, key: key)
             } else {
                 fetch.urlValid = true
@@ -482,9 +476,9 @@ struct GraphValidator {
                 }
             }
         case "retries":
-            fetch.retries = integer(value, in: 0...10, pointer, key) ?? fetch.retries
+            fetch.retries = integer(value, in: 0...Limits.maxRetries, pointer, key) ?? fetch.retries
         case "retry_backoff_ms":
-            fetch.retryBackoffMs = integer(value, in: 0...60_000, pointer, key) ?? fetch.retryBackoffMs
+            fetch.retryBackoffMs = integer(value, in: 0...Limits.maxRetryBackoffMs, pointer, key) ?? fetch.retryBackoffMs
         case "idempotent":
             fetch.idempotent = boolean(value, pointer, key)
         case "max_bytes":

@@ -42,26 +42,6 @@
 //   `1.5`, `"1"`, `true` are refused with the same "must be an integer from
 //   A to B" message (plus the type found when it is not a number).
 
-/// How large and deep a submitted graph may be, and the server's response size limit.
-public struct GraphLimits: Sendable {
-    /// Most nodes in one job (`--max-nodes`).
-    public var maxNodes = 10_000
-    /// Deepest nesting of nodes; the root is depth 1 (`--max-depth`).
-    public var maxDepth = 64
-    /// The server's per-fetch response limit (`--max-response-bytes`); a fetch's `max_bytes` must be 0...this.
-    public var maxResponseBytes = 10 * 1024 * 1024
-
-    /// The server's defaults (API.md §4).
-    public init() {}
-
-    /// Limits other than the defaults.
-    public init(maxNodes: Int = 10_000, maxDepth: Int = 64, maxResponseBytes: Int = 10 * 1024 * 1024) {
-        self.maxNodes = maxNodes
-        self.maxDepth = maxDepth
-        self.maxResponseBytes = maxResponseBytes
-    }
-}
-
 /// One problem found in a submitted job.
 public struct ValidationIssue: Equatable, Sendable, CustomStringConvertible {
     /// RFC 6901 JSON Pointer into the request body (`/graph/children/2/url`; `""` is the whole body).
