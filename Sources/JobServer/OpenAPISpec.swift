@@ -68,7 +68,9 @@ servers:
   - url: http://localhost:8080
     description: a local server (`jobserver serve`)
 
+# Optional: no route needs a token unless the server runs with `--token`.
 security:
+  - {}
   - bearerAuth: []
 
 tags:
@@ -103,7 +105,11 @@ paths:
         type, wrong field type, value out of range, bad URL or scheme, duplicate
         id, more than `--max-nodes` nodes, more than `--max-depth` levels with
         the root at level 1, `name` over 200 characters, `metadata` over
-        16 KiB) is `422 invalid_graph` with a JSON Pointer into the body.
+        16 KiB, JSON nested deeper than 4 × `--max-depth` + 16 levels and at
+        least 512) is `422 invalid_graph` with a JSON Pointer into the body.
+        A job is rebuilt after a restart whatever `--max-nodes`,
+        `--max-depth` and `--max-response-bytes` are then: those limits apply
+        to new submissions.
         When the server already holds its limit of active jobs
         (`--max-active-jobs`), the answer is `429 too_many_jobs` with
         `Retry-After`. Bad input never leaves a half-written job.
@@ -827,10 +833,10 @@ components:
           description: |
             The whole job fails with kind `timeout` if not settled this many
             milliseconds after it was created; its running and pending nodes
-            end `cancelled`.
+            end `cancelled`. At most one day.
           type: integer
           minimum: 1
-          maximum: 2147483647
+          maximum: 86400000
         metadata:
           description: |
             Any JSON object up to 16 KiB (measured as its compact JSON
@@ -849,10 +855,11 @@ components:
     TimeoutMs:
       description: |
         The node fails with kind `timeout` if not settled this many milliseconds
-        after it started; its unsettled descendants end `cancelled`.
+        after it started; its unsettled descendants end `cancelled`. At most
+        one day.
       type: integer
       minimum: 1
-      maximum: 2147483647
+      maximum: 86400000
 
     Recover:
       description: |
@@ -958,7 +965,7 @@ components:
             `Retry-After` header of the upstream is honoured instead.
           type: integer
           minimum: 0
-          maximum: 600000
+          maximum: 60000
           default: 200
         idempotent:
           description: |
@@ -1031,6 +1038,7 @@ components:
           description: at most this many children running at once (default unlimited)
           type: integer
           minimum: 1
+          maximum: 1000000
 
     SequenceNode:
       description: |

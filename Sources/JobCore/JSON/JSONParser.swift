@@ -221,14 +221,25 @@ private struct JSONParser {
         index += 1  // opening quote
         let start = index
         // Fast path: no escapes.
+        var bitsSeen: UInt8 = 0
         while index < bytes.count {
             let c = bytes[index]
             if c == UInt8(ascii: "\"") {
                 let slice = UnsafeBufferPointer(rebasing: bytes[start..<index])
-                guard let s = String(validating: slice, as: UTF8.self) else { throw fail("invalid UTF-8 in string") }
+                // ASCII needs no validation; `String(validating:)` costs a generic metadata lookup on every call.
+                let s: String
+                if bitsSeen < 0x80 {
+                    s = String(decoding: slice, as: UTF8.self)
+                } else {
+                    guard let valid = String(validating: slice, as: UTF8.self) else {
+                        throw fail("invalid UTF-8 in string")
+                    }
+                    s = valid
+                }
                 index += 1
                 return s
             }
+            bitsSeen |= c
             if c == UInt8(ascii: "\\") { break }
             if c < 0x20 { throw fail("control character in string") }
             index += 1
@@ -347,13 +358,17 @@ public enum JSONPointer {
 
     /// Escapes one reference token.
     public static func escape(_ token: String) -> String {
-        guard token.contains("~") || token.contains("/") else { return token }
-        return token.replacingOccurrences(of: "~", with: "~0").replacingOccurrences(of: "/", with: "~1")
-    }
-}
-
-extension String {
-    fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
-        split(separator: Character(target), omittingEmptySubsequences: false).joined(separator: replacement)
+        // A byte scan: `String.contains` would go through Foundation's locale-aware search where it is imported.
+        guard token.utf8.contains(where: { $0 == UInt8(ascii: "~") || $0 == UInt8(ascii: "/") }) else { return token }
+        var out: [UInt8] = []
+        out.reserveCapacity(token.utf8.count + 8)
+        for c in token.utf8 {
+            switch c {
+            case UInt8(ascii: "~"): out += [UInt8(ascii: "~"), UInt8(ascii: "0")]
+            case UInt8(ascii: "/"): out += [UInt8(ascii: "~"), UInt8(ascii: "1")]
+            default: out.append(c)
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
     }
 }
