@@ -68,7 +68,7 @@ final class GraphRestartLimitsTests: XCTestCase {
         return try makeEngine(limits: limits)
     }
 
-    /// Waits, at most `seconds`, for the job and every node of it to settle.
+    /// Waits, at most `seconds`, for the job to settle, and when it succeeded for every node of it too.
     private func settled(_ engine: Engine, _ id: String, seconds: Double = 20) throws -> JobRecord {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
@@ -79,7 +79,10 @@ final class GraphRestartLimitsTests: XCTestCase {
                 done.signal()
             }
             done.wait()
-            if let job = seen.job, job.state.isSettled, job.progress.pending + job.progress.running == 0 {
+            // A job that failed is returned at once, so that a refused rebuild fails with its error, not a timeout.
+            if let job = seen.job, job.state.isSettled,
+                job.state != .succeeded || job.progress.pending + job.progress.running == 0
+            {
                 return job
             }
         }
