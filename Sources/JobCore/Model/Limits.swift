@@ -26,8 +26,10 @@ public struct Limits: Equatable, Sendable {
 
     /// Largest `--max-nodes`.
     public static let maxNodesCeiling = 10_000_000
-    /// Largest `--max-depth`.
-    public static let maxDepthCeiling = 10_000
+    /// Largest `--max-depth`. The engine starts a node's children from inside the node's own start, one stack frame
+    /// pair per level on its queue's thread (8 MiB): a release build ran 7,500 levels and crashed at 10,000, the
+    /// flag's old bound. This keeps twice that margin; it can rise once starting a graph no longer recurses.
+    public static let maxDepthCeiling = 4_000
 
     // MARK: - Fixed by the API
 
