@@ -293,7 +293,8 @@ struct GraphValidator {
                 // Report the first node past the limit only, and never look inside any of them.
                 if !reportedTooDeep {
                     reportedTooDeep = true
-                    issues.add(spot, "nodes nest deeper than the limit of \(limits.maxDepth) levels (the root is level 1)")
+                    issues.add(
+                        spot, "nodes nest deeper than the limit of \(limits.maxDepth) levels (the root is level 1)")
                 }
                 continue
             }
