@@ -17,9 +17,11 @@ extension JSONValue {
     ///
     /// The parser keeps its own stack instead of recursing, so input nested
     /// deeper than `maxDepth` is refused with an error rather than exhausting
-    /// the thread's stack.
+    /// the thread's stack. Parsing is linear in the input. The default depth is the one for fetched
+    /// response bodies; request bodies and stored JSON pass theirs (`Limits`).
     /// - Throws: `JSONParseError`.
-    public static func parse<Bytes: Collection>(_ input: Bytes, maxDepth: Int = 512) throws -> JSONValue
+    public static func parse<Bytes: Collection>(_ input: Bytes, maxDepth: Int = Limits.responseJSONDepth) throws
+        -> JSONValue
     where Bytes.Element == UInt8 {
         if let result = try input.withContiguousStorageIfAvailable({ buffer in
             var parser = JSONParser(bytes: buffer, maxDepth: maxDepth)
@@ -35,7 +37,7 @@ extension JSONValue {
     }
 
     /// Parses JSON from a string.
-    public static func parse(_ text: String, maxDepth: Int = 512) throws -> JSONValue {
+    public static func parse(_ text: String, maxDepth: Int = Limits.responseJSONDepth) throws -> JSONValue {
         try parse(Array(text.utf8), maxDepth: maxDepth)
     }
 }
