@@ -304,7 +304,7 @@ public struct JobSpec: Equatable, Sendable {
     ///   - limits: the server's node, depth and response size limits.
     /// - Returns: the job with its graph in pre-order.
     /// - Throws: `ValidationError` with every problem (at most 100, then one saying more were left out).
-    public static func parse(_ body: JSONValue, limits: GraphLimits = GraphLimits()) throws -> JobSpec {
+    public static func parse(_ body: JSONValue, limits: Limits = Limits()) throws -> JobSpec {
         var validator = GraphValidator(limits: limits)
         let spec = validator.validate(body)
         if let error = validator.issues.finish() { throw error }
