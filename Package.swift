@@ -26,6 +26,7 @@ let package = Package(
         .target(name: "JobCore", dependencies: ["CCurl", "CSQLite"], linkerSettings: [.linkedLibrary("m")]),
         .executableTarget(name: "JobServer", dependencies: ["HTTPServer", "JobCore"]),
         .executableTarget(name: "FetchBench", dependencies: ["JobCore"], path: "bench/FetchBench"),
+        .executableTarget(name: "ParseBench", dependencies: ["JobCore"], path: "bench/ParseBench"),
         .executableTarget(name: "HTTPBenchServer", dependencies: ["HTTPServer"], path: "bench/HTTPBenchServer"),
         .target(name: "TestSupport", dependencies: ["JobCore"], path: "Tests/TestSupport"),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),

@@ -13,7 +13,8 @@ tmp=$(mktemp)
   echo "Machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -srm)," \
        "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(swift --version 2>&1 | head -1)."
   echo
-  echo "Every figure is a ratio against a reference measured in the same run, on loopback."
+  echo "Every figure is a ratio against a reference measured in the same run, on loopback, but for the"
+  echo "parse section (bench/05-parse.sh), which reports time per byte at three sizes."
   echo
 } >"$tmp"
 for script in bench/[0-9][0-9]-*.sh; do

@@ -203,7 +203,7 @@ final class App: @unchecked Sendable {
         }
         let body: JSONValue
         do {
-            body = try JSONValue.parse(request.body, maxDepth: max(512, 4 * config.maxDepth + 16))
+            body = try JSONValue.parse(request.body, maxDepth: config.graphLimits.requestJSONDepth)
         } catch let error as JSONParseError {
             if error.isTooDeep {
                 exchange.send(Self.invalidGraph([(pointer: error.pointer, message: error.message)]))

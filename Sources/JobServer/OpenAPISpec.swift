@@ -121,7 +121,11 @@ paths:
         type, wrong field type, value out of range, bad URL or scheme, duplicate
         id, more than `--max-nodes` nodes, more than `--max-depth` levels with
         the root at level 1, `name` over 200 characters, `metadata` over
-        16 KiB) is `422 invalid_graph` with a JSON Pointer into the body.
+        16 KiB, JSON nested deeper than 4 × `--max-depth` + 16 levels and at
+        least 512) is `422 invalid_graph` with a JSON Pointer into the body.
+        A job is rebuilt after a restart whatever `--max-nodes`,
+        `--max-depth` and `--max-response-bytes` are then: those limits apply
+        to new submissions.
         When the server already holds its limit of active jobs
         (`--max-active-jobs`), the answer is `429 too_many_jobs` with
         `Retry-After`. Bad input never leaves a half-written job.
@@ -960,10 +964,11 @@ components:
     TimeoutMs:
       description: |
         The node fails with kind `timeout` if not settled this many milliseconds
-        after it started; its unsettled descendants end `cancelled`.
+        after it started; its unsettled descendants end `cancelled`. At most
+        one day.
       type: integer
       minimum: 1
-      maximum: 2147483647
+      maximum: 86400000
 
     Recover:
       description: |
@@ -1076,7 +1081,7 @@ components:
             `Retry-After` header of the upstream is honoured instead.
           type: integer
           minimum: 0
-          maximum: 600000
+          maximum: 60000
           default: 200
         idempotent:
           description: |
@@ -1153,6 +1158,7 @@ components:
           description: at most this many children running at once (default unlimited)
           type: integer
           minimum: 1
+          maximum: 1000000
 
     SequenceNode:
       description: |

@@ -70,10 +70,10 @@ enum CommandLineParser {
             c.maxRequestBytes = try size(v, flag: "--max-request-bytes")
         },
         Option(flag: "--max-nodes", help: "nodes per job (default 10000)") { c, v, _ in
-            c.maxNodes = try integer(v, flag: "--max-nodes", in: 1...10_000_000)
+            c.maxNodes = try integer(v, flag: "--max-nodes", in: 1...Limits.maxNodesCeiling)
         },
         Option(flag: "--max-depth", help: "nesting depth per job (default 64)") { c, v, _ in
-            c.maxDepth = try integer(v, flag: "--max-depth", in: 1...10_000)
+            c.maxDepth = try integer(v, flag: "--max-depth", in: 1...Limits.maxDepthCeiling)
         },
         Option(flag: "--max-response-bytes", help: "largest fetched response (default 10MiB)") { c, v, _ in
             c.maxResponseBytes = try size(v, flag: "--max-response-bytes")
@@ -253,9 +253,9 @@ enum CommandLineParser {
 }
 
 extension ServerConfig {
-    /// The validator's limits.
-    var graphLimits: GraphLimits {
-        var limits = GraphLimits()
+    /// The limits every job body is held to.
+    var graphLimits: Limits {
+        var limits = Limits()
         limits.maxNodes = maxNodes
         limits.maxDepth = maxDepth
         limits.maxResponseBytes = maxResponseBytes

@@ -115,12 +115,31 @@ final class GraphValidationTests: XCTestCase {
              "/graph/children/1/children/0/type", "is required"),
         ]
         XCTAssertGreaterThanOrEqual(table.count, 40)
-        for (graph, pointer, fragment) in table {
-            let found = issues(#"{"graph":\#(graph)}"#)
-            guard let first = found.first else { continue }
-            XCTAssertEqual(first.pointer, pointer, "for \(graph.prefix(200)): \(found)")
-            XCTAssertTrue(first.message.contains(fragment), "for \(graph.prefix(200)): \(first.message)")
+        for (row, (graph, pointer, fragment)) in table.enumerated() {
+            checkFirstIssue(#"{"graph":\#(graph)}"#, row: row, pointer: pointer, fragment: fragment)
         }
+    }
+
+    /// Fails, naming the table row, unless `body` is refused and its first issue is at `pointer` with a message
+    /// containing `fragment`. A body accepted, or refused for another reason, fails here too: no row is skipped.
+    private func checkFirstIssue(
+        _ body: String, row: Int, pointer: String, fragment: String, file: StaticString = #filePath, line: UInt = #line
+    ) {
+        let context = "row \(row), \(body.prefix(200))"
+        let found: [ValidationIssue]
+        do {
+            let spec = try JobSpec.parse(try JSONValue.parse(body))
+            return XCTFail("\(context): accepted with \(spec.graph.nodes.count) nodes", file: file, line: line)
+        } catch let error as ValidationError {
+            found = error.issues
+        } catch {
+            return XCTFail("\(context): refused by the parser, not the validator: \(error)", file: file, line: line)
+        }
+        guard let first = found.first else {
+            return XCTFail("\(context): refused without an issue", file: file, line: line)
+        }
+        XCTAssertEqual(first.pointer, pointer, "\(context): \(found)", file: file, line: line)
+        XCTAssertTrue(first.message.contains(fragment), "\(context): \(first.message)", file: file, line: line)
     }
 
     func testEachBadTopLevelIsRefusedWithItsPointer() {
@@ -141,11 +160,8 @@ final class GraphValidationTests: XCTestCase {
             (#"{"graph":\#(graph),"metadata":\#(bigMetadata)}"#, "/metadata", "16 KiB"),
             (#"{"graph":\#(graph),"graph":\#(graph)}"#, "/graph", "duplicate field"),
         ]
-        for (body, pointer, fragment) in table {
-            let found = issues(body)
-            guard let first = found.first else { continue }
-            XCTAssertEqual(first.pointer, pointer, "for \(body.prefix(200)): \(found)")
-            XCTAssertTrue(first.message.contains(fragment), "for \(body.prefix(200)): \(first.message)")
+        for (row, (body, pointer, fragment)) in table.enumerated() {
+            checkFirstIssue(body, row: row, pointer: pointer, fragment: fragment)
         }
     }
 

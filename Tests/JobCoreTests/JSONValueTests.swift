@@ -40,6 +40,99 @@ final class JSONValueTests: XCTestCase {
         }
     }
 
+    func testErrorPointerCountsOnlyTheArraysOwnElements() {
+        let cases: [(String, String)] = [
+            (#"[[1,2],[3,x]]"#, "/1/1"),
+            (#"{"a":[1,{"b":[0,[7,8],tru]}]}"#, "/a/1/b/2"),
+            (#"[{"k":[1,2,3]},{"k":[4,5,6,"\q"]}]"#, "/1/k/3"),
+            (#"{"a":1,"b":{"c":[]},"d":[[],[[]],?]}"#, "/d/2"),
+        ]
+        for (text, pointer) in cases {
+            XCTAssertThrowsError(try JSONValue.parse(text), text) { error in
+                XCTAssertEqual((error as? JSONParseError)?.pointer, pointer, text)
+            }
+        }
+    }
+
+    // MARK: - Large inputs
+
+    func testFortyThousandKeysKeepTheirOrderAndTextExactly() throws {
+        let count = 40_000
+        var text = "{"
+        for i in 0..<count {
+            if i > 0 { text += "," }
+            // Keys in an order no sort would give, so that only the input's order passes.
+            text += #""k\#((i * 7919) % count)":\#(i)"#
+        }
+        text += "}"
+        let value = try JSONValue.parse(text)
+        guard let members = value.objectValue else { return XCTFail("not an object") }
+        XCTAssertEqual(members.count, count)
+        for i in [0, 1, 2, 19_999, 39_999] {
+            XCTAssertEqual(members[i].key, "k\((i * 7919) % count)")
+            XCTAssertEqual(members[i].value, .number(String(i)))
+        }
+        XCTAssertEqual(value.text, text)
+    }
+
+    func testDuplicateKeysAreKeptInOrderAndTheLastOneIsRead() throws {
+        var text = "{"
+        for i in 0..<20_000 { text += #""a":\#(i),"b\#(i)":0,"# }
+        text += #""a":"last"}"#
+        let value = try JSONValue.parse(text)
+        XCTAssertEqual(value.objectValue?.count, 40_001)
+        XCTAssertEqual(value.objectValue?.filter { $0.key == "a" }.count, 20_001)
+        XCTAssertEqual(value["a"], "last")
+        XCTAssertEqual(value.text, text)
+    }
+
+    func testLongArraysOfEveryScalarKind() throws {
+        let count = 50_000
+        let items = (0..<count).map { i -> String in
+            switch i % 5 {
+            case 0: return "-\(i).5e-3"
+            case 1: return #""s\#(i)\n\u00e9""#
+            case 2: return "true"
+            case 3: return "null"
+            default: return #"{"i":\#(i)}"#
+            }
+        }
+        let text = "[" + items.joined(separator: ",") + "]"
+        let value = try JSONValue.parse(text)
+        guard let elements = value.arrayValue else { return XCTFail("not an array") }
+        XCTAssertEqual(elements.count, count)
+        XCTAssertEqual(elements[49_995], .number("-49995.5e-3"))
+        XCTAssertEqual(elements[49_996], .string("s49996\né"))
+        XCTAssertEqual(elements[49_999], .object(["i": 49_999]))
+        XCTAssertEqual(value.text, text.replacingOccurrences(of: "\\u00e9", with: "é"))
+    }
+
+    func testLongStringWithAndWithoutEscapes() throws {
+        let plain = String(repeating: "abcdefgh", count: 128 * 1024)
+        XCTAssertEqual(try JSONValue.parse("\"" + plain + "\""), .string(plain))
+        let escaped = String(repeating: #"a\"\\\u00e9\ud83d\ude00"#, count: 50_000)
+        let expected = String(repeating: "a\"\\é😀", count: 50_000)
+        XCTAssertEqual(try JSONValue.parse("\"" + escaped + "\""), .string(expected))
+    }
+
+    func testNestingExactlyAtTheLimitIsAcceptedAndOneMoreRefused() throws {
+        let depth = 3_000
+        var value = try JSONValue.parse(
+            String(repeating: #"{"a":["#, count: depth / 2) + "1" + String(repeating: "]}", count: depth / 2),
+            maxDepth: depth)
+        var levels = 0
+        while case .object(let members) = value, let inner = members.first?.value.arrayValue?.first {
+            levels += 2
+            value = inner  // one layer at a time, so no deinit recurses through the whole depth
+        }
+        XCTAssertEqual(levels, depth)
+        XCTAssertEqual(value, 1)
+        let tooDeep = String(repeating: "[", count: depth + 1) + String(repeating: "]", count: depth + 1)
+        XCTAssertThrowsError(try JSONValue.parse(tooDeep, maxDepth: depth)) { error in
+            XCTAssertEqual((error as? JSONParseError)?.isTooDeep, true)
+        }
+    }
+
     func testNodeErrorJSONRoundTrip() {
         let e = NodeError(.allFailed, "every child failed", node: "root", errors: [NodeError(.httpStatus, "503", node: "root.0", status: 503)])
         XCTAssertEqual(NodeError(json: e.json), e)

@@ -167,7 +167,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     private func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) throws -> JobRun {
-        let spec = try JobSpec.parse(job.request, limits: configuration.limits)
+        let spec = try JobSpec.parse(job.request, limits: configuration.limits.forStoredJobs)
         guard spec.graph.nodes.count == stored.count else {
             throw EngineError.invalidStoredJob("the graph has \(spec.graph.nodes.count) nodes, the store \(stored.count)")
         }

@@ -1,7 +1,7 @@
 /// How the engine runs jobs.
 public struct EngineConfiguration: Sendable {
-    /// Limits applied when a graph is validated, also when it is rebuilt on start.
-    public var limits = GraphLimits()
+    /// Limits a submitted graph is validated under; a stored job is rebuilt on start under `limits.forStoredJobs`.
+    public var limits = Limits()
     /// At most this many jobs pending or running at once; more submissions are refused (429).
     public var maxActiveJobs = 10_000
     /// At most this many fetches handed to the fetcher at once; the rest wait in the engine's fair queue.

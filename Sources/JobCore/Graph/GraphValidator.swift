@@ -1,9 +1,65 @@
+/// Where an issue is: a short path below a node's place (or below the body, when `place` is `nil`).
+///
+/// Nothing is spelled out until an issue is kept: a node's pointer and document position grow with its depth, and
+/// even a member's pointer token costs a string per field, so a spot holds only the names and positions, and the
+/// collector writes the pointer and the key for the (at most 101) issues it keeps.
+struct Spot {
+    /// One step down: into an object's member (`name`, at `position` among the members, or `nil` for a member
+    /// that is missing and so sorts with its object), or into an array's element (`name` is `nil`).
+    struct Step {
+        var name: String?
+        var position: Int?
+    }
+
+    /// The node's entry in `IssueCollector.places`; `nil` for the body itself.
+    var place: Int?
+    // Two steps cover every spot the validator names below a node (`/headers/X`, `/accept_status/3`,
+    // `/children/3`); deeper ones go to `more`, which stays empty (and so unallocated) otherwise.
+    private var first: Step?
+    private var second: Step?
+    private var more: [Step] = []
+
+    /// The body itself.
+    init() {}
+
+    /// A node's own place.
+    init(place: Int) {
+        self.place = place
+    }
+
+    private func appending(_ step: Step) -> Spot {
+        var spot = self
+        if spot.first == nil {
+            spot.first = step
+        } else if spot.second == nil {
+            spot.second = step
+        } else {
+            spot.more.append(step)
+        }
+        return spot
+    }
+
+    /// The member named `name`, at `position` among its object's members.
+    func member(_ name: String, at position: Int) -> Spot { appending(Step(name: name, position: position)) }
+
+    /// The member named `name`, which is absent: `is required` sorts with the object it is missing from.
+    func missing(_ name: String) -> Spot { appending(Step(name: name, position: nil)) }
+
+    /// An array's element.
+    func element(_ position: Int) -> Spot { appending(Step(name: nil, position: position)) }
+
+    /// The steps in order.
+    var steps: [Step] { [first, second].compactMap { $0 } + more }
+}
+
 /// Collects issues, each with a key giving its position in the document so that
 /// the final list is in document order even though nodes are checked before
 /// fields that follow their `children`.
 struct IssueCollector {
     static let maxIssues = 100
 
+    /// Each node's place: where it is below its parent's place (`/children/3`).
+    private var places: [Spot] = []
     private var collected: [(key: [Int], issue: ValidationIssue)] = []
     private var firstDropped: ValidationIssue?
 
@@ -11,13 +67,40 @@ struct IssueCollector {
     var isFull: Bool { firstDropped != nil }
     var isEmpty: Bool { collected.isEmpty }
 
-    mutating func add(_ pointer: String, _ message: String, key: [Int]) {
+    /// Records a node's place: `spot`, whose own place is the parent's. Returns the new place.
+    mutating func addPlace(_ spot: Spot) -> Int {
+        places.append(spot)
+        return places.count - 1
+    }
+
+    /// Every step from the body to `spot`.
+    private func path(_ spot: Spot) -> [Spot.Step] {
+        var spots = [spot]
+        var place = spot.place
+        while let p = place {
+            spots.append(places[p])
+            place = places[p].place
+        }
+        return spots.reversed().flatMap(\.steps)
+    }
+
+    /// The full JSON Pointer of `spot`.
+    func pointer(_ spot: Spot) -> String {
+        JSONPointer.make(path(spot).map { $0.name ?? String($0.position ?? 0) })
+    }
+
+    /// The full document position of `spot`: the position of each member and element on the way.
+    func key(_ spot: Spot) -> [Int] {
+        path(spot).compactMap(\.position)
+    }
+
+    mutating func add(_ spot: Spot, _ message: String) {
         guard firstDropped == nil else { return }
         if collected.count >= IssueCollector.maxIssues {
-            firstDropped = ValidationIssue(pointer: pointer, message: message)
+            firstDropped = ValidationIssue(pointer: pointer(spot), message: message)
             return
         }
-        collected.append((key, ValidationIssue(pointer: pointer, message: message)))
+        collected.append((key(spot), ValidationIssue(pointer: pointer(spot), message: message)))
     }
 
     /// The error to throw, or `nil` when nothing was wrong.
@@ -38,6 +121,32 @@ struct IssueCollector {
     }
 }
 
+/// The field names seen so far in one object, to refuse a repeated one. A node has a handful of fields, where a
+/// scan of an array beats hashing into a new set; an object with many is checked with a set, so that stays linear.
+private struct FieldNames {
+    private static let scanLimit = 16
+    private var names: [String] = []
+    private var set: Set<String>?
+
+    init(capacity: Int) {
+        if capacity > FieldNames.scanLimit {
+            set = Set(minimumCapacity: capacity)
+        } else {
+            names.reserveCapacity(capacity)
+        }
+    }
+
+    /// Adds `name`; false if it was already there.
+    mutating func insert(_ name: String) -> Bool {
+        if set != nil { return set?.insert(name).inserted ?? false }
+        if names.contains(name) { return false }
+        names.append(name)
+        return true
+    }
+
+    func contains(_ name: String) -> Bool { set?.contains(name) ?? names.contains(name) }
+}
+
 /// What a member of an object is, once checked.
 private enum NodeType: String {
     case fetch, list, sequence
@@ -45,7 +154,7 @@ private enum NodeType: String {
 
 /// Walks a job body and builds the `JobSpec`, recording every problem in `issues`.
 struct GraphValidator {
-    let limits: GraphLimits
+    let limits: Limits
     var issues = IssueCollector()
 
     static let commonFields: Set<String> = ["type", "id", "timeout_ms", "recover"]
@@ -59,14 +168,8 @@ struct GraphValidator {
     static let sequenceFields: Set<String> = ["children", "continue_on_error"]
     static let topLevelFields = ["graph", "name", "deadline_ms", "metadata"]
 
-    static let maxNameScalars = 200
-    static let maxTimeoutMs = 86_400_000
-    static let maxMetadataBytes = 16 * 1024
-    static let maxIDLength = 64
-    static let maxURLBytes = 8192
-    static let maxConcurrency = 1_000_000
 
-    init(limits: GraphLimits) {
+    init(limits: Limits) {
         self.limits = limits
     }
 
@@ -74,55 +177,55 @@ struct GraphValidator {
 
     mutating func validate(_ body: JSONValue) -> JobSpec? {
         guard case .object(let members) = body else {
-            issues.add("", "must be a JSON object (the job), not \(article(body.typeName))", key: [])
+            issues.add(Spot(), "must be a JSON object (the job), not \(article(body.typeName))")
             return nil
         }
         var name: String?
         var deadlineMs: Int?
         var metadata: JSONValue?
         var graph: JobGraph?
-        var seen = Set<String>()
+        var seen = FieldNames(capacity: members.count)
         for (position, member) in members.enumerated() {
-            let pointer = "/" + JSONPointer.escape(member.key)
-            let key = [position]
-            guard seen.insert(member.key).inserted else {
-                issues.add(pointer, "duplicate field", key: key)
+            let spot = Spot().member(member.key, at: position)
+            guard seen.insert(member.key) else {
+                issues.add(spot, "duplicate field")
                 continue
             }
             switch member.key {
             case "graph":
-                graph = walkGraph(member.value, pointer: pointer, key: key)
+                graph = walkGraph(member.value, at: spot)
             case "name":
                 guard case .string(let s) = member.value else {
-                    issues.add(pointer, "must be a string", key: key)
+                    issues.add(spot, "must be a string")
                     continue
                 }
-                if s.unicodeScalars.count > GraphValidator.maxNameScalars {
-                    issues.add(pointer, "must be at most \(GraphValidator.maxNameScalars) characters", key: key)
+                if s.unicodeScalars.count > Limits.maxNameScalars {
+                    issues.add(spot, "must be at most \(Limits.maxNameScalars) characters")
                 }
                 name = s
             case "deadline_ms":
-                deadlineMs = integer(member.value, in: 1...GraphValidator.maxTimeoutMs, pointer, key)
+                deadlineMs = integer(member.value, in: 1...Limits.maxTimeoutMs, spot)
             case "metadata":
                 guard case .object = member.value else {
-                    issues.add(pointer, "must be an object", key: key)
+                    issues.add(spot, "must be an object")
                     continue
                 }
-                if let size = compactSize(member.value, limit: GraphValidator.maxMetadataBytes),
-                    size <= GraphValidator.maxMetadataBytes
+                if let size = compactSize(member.value, limit: Limits.maxMetadataBytes),
+                    size <= Limits.maxMetadataBytes
                 {
                     metadata = member.value
                 } else {
                     issues.add(
-                        pointer, "must be at most \(GraphValidator.maxMetadataBytes) bytes (16 KiB) as compact JSON",
-                        key: key)
+                        spot,
+                        "must be at most \(Limits.maxMetadataBytes) bytes (\(Limits.maxMetadataBytes / 1024) KiB) "
+                            + "as compact JSON")
                 }
             default:
-                issues.add(pointer, unknownFieldMessage(member.key, known: GraphValidator.topLevelFields), key: key)
+                issues.add(spot, unknownFieldMessage(member.key, known: GraphValidator.topLevelFields))
             }
         }
         if !seen.contains("graph") {
-            issues.add("/graph", "is required", key: [])
+            issues.add(Spot().missing("graph"), "is required")
         }
         guard let graph, issues.isEmpty else { return nil }
         return JobSpec(name: name, deadlineMs: deadlineMs, metadata: metadata, graph: graph)
@@ -134,98 +237,121 @@ struct GraphValidator {
     private enum IDSource {
         case defaultPath
         /// Given in the body, at this document position.
-        case explicit(key: [Int])
+        case explicit(Spot)
         /// Given but refused.
         case invalid
     }
 
-    private struct Frame {
-        var value: JSONValue
-        var pointer: String
-        var key: [Int]
-        var parent: Int?
+    /// The children of a node still to be walked. Children are taken one at a time, so the walk holds one cursor
+    /// per level, however wide the tree, and a body refused early never pays for the children after the refusal.
+    private struct Cursor {
+        var children: [JSONValue]
+        var next = 0
+        /// The parent's node index, which is also its place.
+        var parent: Int
+        /// Where `children` is among the parent's members.
+        var childrenPosition: Int
+        /// The children's depth.
         var depth: Int
-        var defaultID: String
+        var parentID: String
     }
 
-    /// Checks every node with an explicit stack, building the pre-order array as it goes.
-    private mutating func walkGraph(_ rootValue: JSONValue, pointer: String, key: [Int]) -> JobGraph? {
+    /// Checks every node in pre-order with an explicit stack, building the pre-order array as it goes.
+    private mutating func walkGraph(_ rootValue: JSONValue, at rootSpot: Spot) -> JobGraph? {
         var nodes: [GraphNode] = []
-        var stack = [Frame(value: rootValue, pointer: pointer, key: key, parent: nil, depth: 1, defaultID: "root")]
-        // Effective id (explicit or default) → pointer of the node that has it.
-        var idOwners: [String: String] = [:]
+        var stack: [Cursor] = []
+        // Effective id (explicit or default) → place of the node that has it (a place is its node's index).
+        var idOwners: [String: Int] = [:]
         var reportedTooDeep = false
+        var root: JSONValue? = rootValue
 
-        while let frame = stack.popLast() {
+        while true {
             if issues.isFull { return nil }
-            if frame.depth > limits.maxDepth {
+            let value: JSONValue
+            let spot: Spot
+            let parent: Int?
+            let depth: Int
+            let defaultID: String
+            if let rootValue = root {
+                root = nil
+                (value, spot, parent, depth, defaultID) = (rootValue, rootSpot, nil, 1, "root")
+            } else {
+                guard let top = stack.last else { break }
+                if top.next == top.children.count {
+                    stack.removeLast()
+                    continue
+                }
+                let position = top.next
+                stack[stack.count - 1].next += 1
+                value = top.children[position]
+                spot = Spot(place: top.parent).member("children", at: top.childrenPosition).element(position)
+                parent = top.parent
+                depth = top.depth
+                defaultID = top.parentID + ".\(position)"
+            }
+            if depth > limits.maxDepth {
                 // Report the first node past the limit only, and never look inside any of them.
                 if !reportedTooDeep {
                     reportedTooDeep = true
                     issues.add(
-                        frame.pointer,
-                        "nodes nest deeper than the limit of \(limits.maxDepth) levels (the root is level 1)",
-                        key: frame.key)
+                        spot, "nodes nest deeper than the limit of \(limits.maxDepth) levels (the root is level 1)")
                 }
                 continue
             }
             if nodes.count >= limits.maxNodes {
-                issues.add(frame.pointer, "more than the limit of \(limits.maxNodes) nodes in one job", key: frame.key)
+                issues.add(spot, "more than the limit of \(limits.maxNodes) nodes in one job")
                 return nil
             }
             let index = nodes.count
-            if let parent = frame.parent { nodes[parent].children.append(index) }
+            if let parent { nodes[parent].children.append(index) }
             var node = GraphNode(
-                index: index, id: frame.defaultID, parent: frame.parent, depth: frame.depth,
-                kind: .sequence(SequenceOptions()))
+                index: index, id: defaultID, parent: parent, depth: depth, kind: .sequence(SequenceOptions()))
+            let place = issues.addPlace(spot)
+            let here = Spot(place: place)
             var children: [JSONValue] = []
-            var childrenKey: [Int] = []
+            var childrenPosition = 0
             var idSource = IDSource.defaultPath
-            checkNode(frame, into: &node, idSource: &idSource, children: &children, childrenKey: &childrenKey)
+            checkNode(
+                value, at: here, into: &node, idSource: &idSource, children: &children,
+                childrenPosition: &childrenPosition)
 
             if case .invalid = idSource {
                 // Its id is already reported; checking the default in its place could only add a false duplicate.
-            } else if let owner = idOwners[node.id] {
-                if case .explicit(let idKey) = idSource {
-                    issues.add(
-                        frame.pointer + "/id", "duplicate id \"\(node.id)\": already used by the node at \(owner)",
-                        key: idKey)
+            } else if let ownerPlace = idOwners[node.id] {
+                let owner = issues.pointer(Spot(place: ownerPlace))
+                if case .explicit(let idSpot) = idSource {
+                    issues.add(idSpot, "duplicate id \"\(node.id)\": already used by the node at \(owner)")
                 } else {
                     issues.add(
-                        frame.pointer,
+                        here,
                         "this node's default id \"\(node.id)\" is already used by the node at \(owner); "
-                            + "give one of them another id",
-                        key: frame.key)
+                            + "give one of them another id")
                 }
             } else {
-                idOwners[node.id] = frame.pointer
+                idOwners[node.id] = place
             }
             nodes.append(node)
-
-            // Each child is at least one node, so the node past `maxNodes` is among the first `budget + 1`
-            // children; pushing no more keeps a body of a million tiny children cheap to refuse.
-            let budget = max(0, limits.maxNodes - nodes.count)
-            let pushed = children.indices.prefix(budget + 1)
-            // Reverse, so that children come off the stack in order.
-            for position in pushed.reversed() {
+            if !children.isEmpty {
+                // Room for these children's ids at once, rather than growing the table by doubling through them.
+                let expected = min(limits.maxNodes, nodes.count + children.count)
+                if idOwners.capacity < expected { idOwners.reserveCapacity(expected) }
                 stack.append(
-                    Frame(
-                        value: children[position], pointer: frame.pointer + "/children/\(position)",
-                        key: childrenKey + [position], parent: index, depth: frame.depth + 1,
-                        defaultID: frame.defaultID + ".\(position)"))
+                    Cursor(
+                        children: children, parent: index, childrenPosition: childrenPosition, depth: depth + 1,
+                        parentID: defaultID))
             }
         }
-        return JobGraph(nodes: nodes)
+        // Places and nodes are numbered together, so with no issue `idOwners` is the graph's id index.
+        return JobGraph(nodes: nodes, indexByID: idOwners)
     }
 
     /// Checks one node's own fields; hands back its children (unchecked) for the walk.
     private mutating func checkNode(
-        _ frame: Frame, into node: inout GraphNode, idSource: inout IDSource, children: inout [JSONValue],
-        childrenKey: inout [Int]
+        _ value: JSONValue, at here: Spot, into node: inout GraphNode, idSource: inout IDSource,
+        children: inout [JSONValue], childrenPosition: inout Int
     ) {
-        let base = frame.pointer
-        guard case .object(let members) = frame.value else {
-            issues.add(base, "must be an object (a node), not \(article(frame.value.typeName))", key: frame.key)
+        guard case .object(let members) = value else {
+            issues.add(here, "must be an object (a node), not \(article(value.typeName))")
             return
         }
 
@@ -237,23 +363,22 @@ struct GraphValidator {
                 type = t
             } else {
                 let got = value.stringValue.map { "\"\($0)\"" } ?? article(value.typeName)
-                issues.add(base + "/type", "must be one of fetch, list, sequence, not \(got)", key: frame.key + [position])
+                issues.add(here.member("type", at: position), "must be one of fetch, list, sequence, not \(got)")
             }
         } else {
-            issues.add(base + "/type", "is required (fetch, list or sequence)", key: frame.key)
+            issues.add(here.missing("type"), "is required (fetch, list or sequence)")
         }
 
         var fetch = FetchFields()
         var list = ListOptions()
         var sequence = SequenceOptions()
-        var seen = Set<String>()
+        var seen = FieldNames(capacity: members.count)
         var sawChildren = false
 
         for (position, member) in members.enumerated() {
-            let pointer = base + "/" + JSONPointer.escape(member.key)
-            let key = frame.key + [position]
-            guard seen.insert(member.key).inserted else {
-                issues.add(pointer, "duplicate field", key: key)
+            let spot = here.member(member.key, at: position)
+            guard seen.insert(member.key) else {
+                issues.add(spot, "duplicate field")
                 continue
             }
             let value = member.value
@@ -261,15 +386,15 @@ struct GraphValidator {
             case "type":
                 continue
             case "id":
-                if let id = checkID(value, pointer, key) {
+                if let id = checkID(value, spot) {
                     node.id = id
-                    idSource = .explicit(key: key)
+                    idSource = .explicit(spot)
                 } else {
                     idSource = .invalid
                 }
                 continue
             case "timeout_ms":
-                node.timeoutMs = integer(value, in: 1...GraphValidator.maxTimeoutMs, pointer, key)
+                node.timeoutMs = integer(value, in: 1...Limits.maxTimeoutMs, spot)
                 continue
             case "recover":
                 node.recover = value
@@ -285,10 +410,10 @@ struct GraphValidator {
                     GraphValidator.fetchFields.contains(member.key) || GraphValidator.listFields.contains(member.key)
                     || GraphValidator.sequenceFields.contains(member.key)
                 if !known {
-                    issues.add(pointer, unknownFieldMessage(member.key, known: allNodeFields), key: key)
+                    issues.add(spot, unknownFieldMessage(member.key, known: allNodeFields))
                 } else if member.key == "children", case .array(let elements) = value {
                     children = elements
-                    childrenKey = key
+                    childrenPosition = position
                 }
                 continue
             }
@@ -298,41 +423,40 @@ struct GraphValidator {
                 sawChildren = true
                 if case .array(let elements) = value, !elements.isEmpty {
                     children = elements
-                    childrenKey = key
+                    childrenPosition = position
                 } else {
-                    issues.add(pointer, "must be a non-empty array of nodes", key: key)
+                    issues.add(spot, "must be a non-empty array of nodes")
                 }
             case (.list, "fire_on_first_result"):
-                list.fireOnFirstResult = boolean(value, pointer, key) ?? list.fireOnFirstResult
+                list.fireOnFirstResult = boolean(value, spot) ?? list.fireOnFirstResult
             case (.list, "fire_on_first_error"):
-                list.fireOnFirstError = boolean(value, pointer, key) ?? list.fireOnFirstError
+                list.fireOnFirstError = boolean(value, spot) ?? list.fireOnFirstError
             case (.list, "consume_errors"):
-                list.consumeErrors = boolean(value, pointer, key) ?? list.consumeErrors
+                list.consumeErrors = boolean(value, spot) ?? list.consumeErrors
             case (.list, "cancel_remaining"):
-                list.cancelRemaining = boolean(value, pointer, key) ?? list.cancelRemaining
+                list.cancelRemaining = boolean(value, spot) ?? list.cancelRemaining
             case (.list, "concurrency"):
-                list.concurrency = integer(value, in: 1...GraphValidator.maxConcurrency, pointer, key)
+                list.concurrency = integer(value, in: 1...Limits.maxConcurrency, spot)
             case (.sequence, "continue_on_error"):
-                sequence.continueOnError = boolean(value, pointer, key) ?? sequence.continueOnError
+                sequence.continueOnError = boolean(value, spot) ?? sequence.continueOnError
             case (.fetch, _) where GraphValidator.fetchFields.contains(member.key):
-                checkFetchField(member.key, value, pointer, key, into: &fetch)
+                checkFetchField(member.key, value, spot, into: &fetch)
             default:
                 let allowed = Array(GraphValidator.commonFields) + fieldsOf(type)
-                issues.add(
-                    pointer, unknownFieldMessage(member.key, known: allowed, nodeType: type.rawValue), key: key)
+                issues.add(spot, unknownFieldMessage(member.key, known: allowed, nodeType: type.rawValue))
             }
         }
 
         switch type {
         case .fetch:
-            if !seen.contains("url") { issues.add(base + "/url", "is required", key: frame.key) }
-            fetch.finish(base: base, issues: &issues)
+            if !seen.contains("url") { issues.add(here.missing("url"), "is required") }
+            fetch.finish(issues: &issues)
             if let request = fetch.request() { node.kind = .fetch(request) }
         case .list:
-            if !sawChildren { issues.add(base + "/children", "is required", key: frame.key) }
+            if !sawChildren { issues.add(here.missing("children"), "is required") }
             node.kind = .list(list)
         case .sequence:
-            if !sawChildren { issues.add(base + "/children", "is required", key: frame.key) }
+            if !sawChildren { issues.add(here.missing("children"), "is required") }
             node.kind = .sequence(sequence)
         case nil:
             break
@@ -352,20 +476,20 @@ struct GraphValidator {
         }
     }
 
-    private mutating func checkID(_ value: JSONValue, _ pointer: String, _ key: [Int]) -> String? {
-        let rule = "1 to \(GraphValidator.maxIDLength) characters from A-Z a-z 0-9 _ . -"
+    private mutating func checkID(_ value: JSONValue, _ spot: Spot) -> String? {
+        let rule = "1 to \(Limits.maxIDLength) characters from A-Z a-z 0-9 _ . -"
         guard case .string(let id) = value else {
-            issues.add(pointer, "must be a string of \(rule)", key: key)
+            issues.add(spot, "must be a string of \(rule)")
             return nil
         }
         let valid =
-            !id.isEmpty && id.utf8.count <= GraphValidator.maxIDLength
+            !id.isEmpty && id.utf8.count <= Limits.maxIDLength
             && id.utf8.allSatisfy { c in
                 (c >= 0x30 && c <= 0x39) || (c >= 0x41 && c <= 0x5A) || (c >= 0x61 && c <= 0x7A) || c == 0x5F
                     || c == 0x2E || c == 0x2D
             }
         guard valid else {
-            issues.add(pointer, "must be \(rule)", key: key)
+            issues.add(spot, "must be \(rule)")
             return nil
         }
         return id
@@ -380,7 +504,7 @@ struct GraphValidator {
         var method: String?
         var headers: [(name: String, value: String)] = []
         var body: FetchRequest.Body?
-        var bodyPosition: (pointer: String, key: [Int])?
+        var bodyPosition: Spot?
         var expect: FetchExpect = .auto
         var acceptStatus: Set<Int> = []
         var retries = 0
@@ -389,9 +513,9 @@ struct GraphValidator {
         var maxBytes: Int?
         var followRedirects = true
 
-        mutating func finish(base: String, issues: inout IssueCollector) {
+        mutating func finish(issues: inout IssueCollector) {
             if method == "HEAD", body != nil, let position = bodyPosition {
-                issues.add(position.pointer, "a HEAD request cannot have a body", key: position.key)
+                issues.add(position, "a HEAD request cannot have a body")
             }
         }
 
@@ -405,17 +529,17 @@ struct GraphValidator {
     }
 
     private mutating func checkFetchField(
-        _ field: String, _ value: JSONValue, _ pointer: String, _ key: [Int], into fetch: inout FetchFields
+        _ field: String, _ value: JSONValue, _ spot: Spot, into fetch: inout FetchFields
     ) {
         switch field {
         case "url":
             guard case .string(let url) = value else {
-                issues.add(pointer, "must be a string (an absolute http or https URL)", key: key)
+                issues.add(spot, "must be a string (an absolute http or https URL)")
                 return
             }
             fetch.url = url
-            if let problem = URLCheck.problem(url, maxBytes: GraphValidator.maxURLBytes) {
-                issues.add(pointer, problem, key: key)
+            if let problem = URLCheck.problem(url, maxBytes: Limits.maxURLBytes) {
+                issues.add(spot, problem)
             } else {
                 fetch.urlValid = true
             }
@@ -423,74 +547,73 @@ struct GraphValidator {
             if case .string(let m) = value, FetchRequest.methods.contains(m) {
                 fetch.method = m
             } else {
-                issues.add(pointer, "must be one of GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS (upper case)", key: key)
+                issues.add(spot, "must be one of GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS (upper case)")
             }
         case "headers":
             guard case .object(let members) = value else {
-                issues.add(pointer, "must be an object of header name to string value", key: key)
+                issues.add(spot, "must be an object of header name to string value")
                 return
             }
             for (position, member) in members.enumerated() {
-                let headerPointer = pointer + "/" + JSONPointer.escape(member.key)
-                let headerKey = key + [position]
+                let header = spot.member(member.key, at: position)
                 guard URLCheck.isToken(member.key) else {
-                    issues.add(headerPointer, "is not a valid HTTP header name", key: headerKey)
+                    issues.add(header, "is not a valid HTTP header name")
                     continue
                 }
                 let lower = member.key.lowercased()
                 if lower == "content-length" || lower == "transfer-encoding" {
-                    issues.add(headerPointer, "is set by the server from the body; leave it out", key: headerKey)
+                    issues.add(header, "is set by the server from the body; leave it out")
                     continue
                 }
                 guard case .string(let v) = member.value else {
-                    issues.add(headerPointer, "must be a string", key: headerKey)
+                    issues.add(header, "must be a string")
                     continue
                 }
                 if v.utf8.contains(where: { $0 == 0x0D || $0 == 0x0A || $0 == 0x00 }) {
-                    issues.add(headerPointer, "must not contain CR, LF or NUL", key: headerKey)
+                    issues.add(header, "must not contain CR, LF or NUL")
                     continue
                 }
                 fetch.headers.append((member.key, v))
             }
         case "body", "json":
             if fetch.bodyPosition != nil {
-                issues.add(pointer, "give either body or json, not both", key: key)
+                issues.add(spot, "give either body or json, not both")
                 return
             }
-            fetch.bodyPosition = (pointer, key)
+            fetch.bodyPosition = spot
             if field == "json" {
                 fetch.body = .json(value)
             } else if case .string(let s) = value {
                 fetch.body = .text(s)
             } else {
-                issues.add(pointer, "must be a string (use json for a JSON body)", key: key)
+                issues.add(spot, "must be a string (use json for a JSON body)")
             }
         case "expect":
             if let s = value.stringValue, let e = FetchExpect(rawValue: s) {
                 fetch.expect = e
             } else {
-                issues.add(pointer, "must be one of json, text, bytes, auto", key: key)
+                issues.add(spot, "must be one of json, text, bytes, auto")
             }
         case "accept_status":
             guard case .array(let elements) = value else {
-                issues.add(pointer, "must be an array of integers from 100 to 599", key: key)
+                issues.add(spot, "must be an array of integers from 100 to 599")
                 return
             }
             for (position, element) in elements.enumerated() {
-                if let code = integer(element, in: 100...599, pointer + "/\(position)", key + [position]) {
+                if let code = integer(element, in: 100...599, spot.element(position)) {
                     fetch.acceptStatus.insert(code)
                 }
             }
         case "retries":
-            fetch.retries = integer(value, in: 0...10, pointer, key) ?? fetch.retries
+            fetch.retries = integer(value, in: 0...Limits.maxRetries, spot) ?? fetch.retries
         case "retry_backoff_ms":
-            fetch.retryBackoffMs = integer(value, in: 0...60_000, pointer, key) ?? fetch.retryBackoffMs
+            fetch.retryBackoffMs = integer(value, in: 0...Limits.maxRetryBackoffMs, spot) ?? fetch.retryBackoffMs
         case "idempotent":
-            fetch.idempotent = boolean(value, pointer, key)
+            fetch.idempotent = boolean(value, spot)
         case "max_bytes":
-            fetch.maxBytes = integer(value, in: 0...max(0, limits.maxResponseBytes), pointer, key)
+            fetch.maxBytes = integer(value, in: 0...max(0, limits.maxResponseBytes), spot)
         case "follow_redirects":
-            fetch.followRedirects = boolean(value, pointer, key) ?? fetch.followRedirects
+            fetch.followRedirects = boolean(value, spot) ?? fetch.followRedirects
         default:
             break
         }
@@ -499,24 +622,22 @@ struct GraphValidator {
     // MARK: - Scalars
 
     /// An integer in `range`; `1.0` and `1e2` count, `1.5`, `"1"` and `true` do not.
-    private mutating func integer(_ value: JSONValue, in range: ClosedRange<Int>, _ pointer: String, _ key: [Int])
-        -> Int?
-    {
+    private mutating func integer(_ value: JSONValue, in range: ClosedRange<Int>, _ spot: Spot) -> Int? {
         let message = "must be an integer from \(range.lowerBound) to \(range.upperBound)"
         guard case .number = value else {
-            issues.add(pointer, "\(message), not \(article(value.typeName))", key: key)
+            issues.add(spot, "\(message), not \(article(value.typeName))")
             return nil
         }
         guard let n = value.intValue, range.contains(n) else {
-            issues.add(pointer, message, key: key)
+            issues.add(spot, message)
             return nil
         }
         return n
     }
 
-    private mutating func boolean(_ value: JSONValue, _ pointer: String, _ key: [Int]) -> Bool? {
+    private mutating func boolean(_ value: JSONValue, _ spot: Spot) -> Bool? {
         guard case .bool(let b) = value else {
-            issues.add(pointer, "must be a boolean, not \(article(value.typeName))", key: key)
+            issues.add(spot, "must be a boolean, not \(article(value.typeName))")
             return nil
         }
         return b

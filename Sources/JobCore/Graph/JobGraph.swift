@@ -42,26 +42,6 @@
 //   `1.5`, `"1"`, `true` are refused with the same "must be an integer from
 //   A to B" message (plus the type found when it is not a number).
 
-/// How large and deep a submitted graph may be, and the server's response size limit.
-public struct GraphLimits: Sendable {
-    /// Most nodes in one job (`--max-nodes`).
-    public var maxNodes = 10_000
-    /// Deepest nesting of nodes; the root is depth 1 (`--max-depth`).
-    public var maxDepth = 64
-    /// The server's per-fetch response limit (`--max-response-bytes`); a fetch's `max_bytes` must be 0...this.
-    public var maxResponseBytes = 10 * 1024 * 1024
-
-    /// The server's defaults (API.md §4).
-    public init() {}
-
-    /// Limits other than the defaults.
-    public init(maxNodes: Int = 10_000, maxDepth: Int = 64, maxResponseBytes: Int = 10 * 1024 * 1024) {
-        self.maxNodes = maxNodes
-        self.maxDepth = maxDepth
-        self.maxResponseBytes = maxResponseBytes
-    }
-}
-
 /// One problem found in a submitted job.
 public struct ValidationIssue: Equatable, Sendable, CustomStringConvertible {
     /// RFC 6901 JSON Pointer into the request body (`/graph/children/2/url`; `""` is the whole body).
@@ -230,14 +210,27 @@ public struct GraphNode: Equatable, Sendable {
 public struct JobGraph: Equatable, Sendable {
     /// The nodes in pre-order; `nodes[i].index == i`.
     public var nodes: [GraphNode] {
-        didSet { indexByID = JobGraph.makeIndex(nodes) }
+        didSet {
+            indexByID = JobGraph.makeIndex(nodes)
+            subtreeEnds = JobGraph.subtreeEnds(nodes)
+        }
     }
     private var indexByID: [String: Int]
+    /// For each node, the index just past its subtree in pre-order.
+    private var subtreeEnds: [Int]
 
     /// A graph of `nodes`, which must be in pre-order with the root first.
     public init(nodes: [GraphNode]) {
         self.nodes = nodes
         self.indexByID = JobGraph.makeIndex(nodes)
+        self.subtreeEnds = JobGraph.subtreeEnds(nodes)
+    }
+
+    /// A graph whose id index the validator built as it went: each id to the first node that has it.
+    init(nodes: [GraphNode], indexByID: [String: Int]) {
+        self.nodes = nodes
+        self.indexByID = indexByID
+        self.subtreeEnds = JobGraph.subtreeEnds(nodes)
     }
 
     /// The root node. A graph always has one; an empty graph (never produced by `JobSpec.parse`) yields a
@@ -254,11 +247,8 @@ public struct JobGraph: Equatable, Sendable {
 
     /// Indices of the nodes below `index` (not including it), in pre-order.
     public func descendants(of index: Int) -> Range<Int> {
-        guard nodes.indices.contains(index) else { return 0..<0 }
-        let depth = nodes[index].depth
-        var end = index + 1
-        while end < nodes.count, nodes[end].depth > depth { end += 1 }
-        return (index + 1)..<end
+        guard subtreeEnds.indices.contains(index) else { return 0..<0 }
+        return (index + 1)..<subtreeEnds[index]
     }
 
     /// Graphs are equal when their nodes are; the id index is derived from them.
@@ -269,6 +259,20 @@ public struct JobGraph: Equatable, Sendable {
         index.reserveCapacity(nodes.count)
         for node in nodes where index[node.id] == nil { index[node.id] = node.index }
         return index
+    }
+
+    private static func subtreeEnds(_ nodes: [GraphNode]) -> [Int] {
+        // In pre-order a subtree ends at the first later node that is not deeper; each node is opened and closed once.
+        var ends = Array(repeating: nodes.count, count: nodes.count)
+        var open: [Int] = []
+        for i in nodes.indices {
+            while let top = open.last, nodes[top].depth >= nodes[i].depth {
+                ends[top] = i
+                open.removeLast()
+            }
+            open.append(i)
+        }
+        return ends
     }
 }
 
@@ -300,7 +304,7 @@ public struct JobSpec: Equatable, Sendable {
     ///   - limits: the server's node, depth and response size limits.
     /// - Returns: the job with its graph in pre-order.
     /// - Throws: `ValidationError` with every problem (at most 100, then one saying more were left out).
-    public static func parse(_ body: JSONValue, limits: GraphLimits = GraphLimits()) throws -> JobSpec {
+    public static func parse(_ body: JSONValue, limits: Limits = Limits()) throws -> JobSpec {
         var validator = GraphValidator(limits: limits)
         let spec = validator.validate(body)
         if let error = validator.issues.finish() { throw error }

@@ -17,9 +17,11 @@ extension JSONValue {
     ///
     /// The parser keeps its own stack instead of recursing, so input nested
     /// deeper than `maxDepth` is refused with an error rather than exhausting
-    /// the thread's stack.
+    /// the thread's stack. Parsing is linear in the input. The default depth is the one for fetched
+    /// response bodies; request bodies and stored JSON pass theirs (`Limits`).
     /// - Throws: `JSONParseError`.
-    public static func parse<Bytes: Collection>(_ input: Bytes, maxDepth: Int = 512) throws -> JSONValue
+    public static func parse<Bytes: Collection>(_ input: Bytes, maxDepth: Int = Limits.responseJSONDepth) throws
+        -> JSONValue
     where Bytes.Element == UInt8 {
         if let result = try input.withContiguousStorageIfAvailable({ buffer in
             var parser = JSONParser(bytes: buffer, maxDepth: maxDepth)
@@ -35,21 +37,30 @@ extension JSONValue {
     }
 
     /// Parses JSON from a string.
-    public static func parse(_ text: String, maxDepth: Int = 512) throws -> JSONValue {
+    public static func parse(_ text: String, maxDepth: Int = Limits.responseJSONDepth) throws -> JSONValue {
         try parse(Array(text.utf8), maxDepth: maxDepth)
     }
 }
 
 private struct JSONParser {
-    private enum Frame {
-        case array([JSONValue])
-        case object([JSONMember], key: String)
+    /// An open array or object. Its finished elements (or members) wait in the parser's shared `elements`
+    /// (or `members`) buffer from `start` on, so appending never copies a container that is also held elsewhere:
+    /// each value is moved once into the array that finally holds it, which keeps parsing linear in the input.
+    private struct Frame {
+        var isObject: Bool
+        var start: Int
     }
 
     let bytes: UnsafeBufferPointer<UInt8>
     let maxDepth: Int
     var index = 0
     private var stack: [Frame] = []
+    /// Elements of the open arrays, innermost last.
+    private var elements: [JSONValue] = []
+    /// Members of the open objects, innermost last.
+    private var members: [JSONMember] = []
+    /// The key being read in each open object, innermost last (`""` while the key itself is read).
+    private var keys: [String] = []
 
     init(bytes: UnsafeBufferPointer<UInt8>, maxDepth: Int) {
         self.bytes = bytes
@@ -57,10 +68,9 @@ private struct JSONParser {
     }
 
     mutating func parseDocument() throws -> JSONValue {
-        var value = try parseValueIteratively()
+        let value = try parseValueIteratively()
         skipWhitespace()
         if index != bytes.count { throw fail("unexpected data after the JSON value") }
-        defer { value = .null }
         return value
     }
 
@@ -72,20 +82,21 @@ private struct JSONParser {
             switch bytes[index] {
             case UInt8(ascii: "{"):
                 index += 1
-                try push(.object([], key: ""))
+                try push(Frame(isObject: true, start: members.count))
+                keys.append("")
                 skipWhitespace()
                 if peek() == UInt8(ascii: "}") {
                     index += 1
                     stack.removeLast()
+                    keys.removeLast()
                     produced = .object([])
                 } else {
-                    let key = try parseKey()
-                    stack[stack.count - 1] = .object([], key: key)
+                    keys[keys.count - 1] = try parseKey()
                     continue
                 }
             case UInt8(ascii: "["):
                 index += 1
-                try push(.array([]))
+                try push(Frame(isObject: false, start: elements.count))
                 skipWhitespace()
                 if peek() == UInt8(ascii: "]") {
                     index += 1
@@ -98,42 +109,41 @@ private struct JSONParser {
                 produced = try parseScalar()
             }
             // Hand the finished value to the enclosing containers, closing as many as end here.
-            while true {
-                guard let top = stack.popLast() else { return produced }
+            while let top = stack.last {
                 skipWhitespace()
                 let next = peek()
-                switch top {
-                case .array(var elements):
+                if top.isObject {
+                    members.append(JSONMember(keys[keys.count - 1], produced))
+                    if next == UInt8(ascii: ",") {
+                        index += 1
+                        keys[keys.count - 1] = ""
+                        keys[keys.count - 1] = try parseKey()
+                        break
+                    } else if next == UInt8(ascii: "}") {
+                        index += 1
+                        produced = .object(Array(members[top.start...]))
+                        members.removeSubrange(top.start...)
+                        keys.removeLast()
+                        stack.removeLast()
+                    } else {
+                        throw fail("expected ',' or '}' in object")
+                    }
+                } else {
                     elements.append(produced)
                     if next == UInt8(ascii: ",") {
                         index += 1
-                        stack.append(.array(elements))
+                        break
                     } else if next == UInt8(ascii: "]") {
                         index += 1
-                        produced = .array(elements)
-                        continue
+                        produced = .array(Array(elements[top.start...]))
+                        elements.removeSubrange(top.start...)
+                        stack.removeLast()
                     } else {
-                        stack.append(.array(elements))
                         throw fail("expected ',' or ']' in array")
                     }
-                case .object(var members, let key):
-                    members.append(JSONMember(key, produced))
-                    if next == UInt8(ascii: ",") {
-                        index += 1
-                        stack.append(.object(members, key: ""))
-                        let nextKey = try parseKey()
-                        stack[stack.count - 1] = .object(members, key: nextKey)
-                    } else if next == UInt8(ascii: "}") {
-                        index += 1
-                        produced = .object(members)
-                        continue
-                    } else {
-                        stack.append(.object(members, key: key))
-                        throw fail("expected ',' or '}' in object")
-                    }
                 }
-                break
             }
+            if stack.isEmpty { return produced }
         }
     }
 
@@ -213,14 +223,25 @@ private struct JSONParser {
         index += 1  // opening quote
         let start = index
         // Fast path: no escapes.
+        var bitsSeen: UInt8 = 0
         while index < bytes.count {
             let c = bytes[index]
             if c == UInt8(ascii: "\"") {
                 let slice = UnsafeBufferPointer(rebasing: bytes[start..<index])
-                guard let s = String(validating: slice, as: UTF8.self) else { throw fail("invalid UTF-8 in string") }
+                // ASCII needs no validation; `String(validating:)` costs a generic metadata lookup on every call.
+                let s: String
+                if bitsSeen < 0x80 {
+                    s = String(decoding: slice, as: UTF8.self)
+                } else {
+                    guard let valid = String(validating: slice, as: UTF8.self) else {
+                        throw fail("invalid UTF-8 in string")
+                    }
+                    s = valid
+                }
                 index += 1
                 return s
             }
+            bitsSeen |= c
             if c == UInt8(ascii: "\\") { break }
             if c < 0x20 { throw fail("control character in string") }
             index += 1
@@ -303,14 +324,21 @@ private struct JSONParser {
     }
 
     private func pointer() -> String {
+        // Walk from the innermost frame out: an array's own elements end where the next array inside it starts.
         var tokens: [String] = []
-        for frame in stack {
-            switch frame {
-            case .array(let elements): tokens.append(String(elements.count))
-            case .object(_, let key): tokens.append(key)
+        tokens.reserveCapacity(stack.count)
+        var objectLevel = keys.count
+        var innerArrayStart = elements.count
+        for frame in stack.reversed() {
+            if frame.isObject {
+                objectLevel -= 1
+                tokens.append(keys[objectLevel])
+            } else {
+                tokens.append(String(innerArrayStart - frame.start))
+                innerArrayStart = frame.start
             }
         }
-        return JSONPointer.make(tokens)
+        return JSONPointer.make(tokens.reversed())
     }
 
     private func fail(_ message: String) -> JSONParseError {
@@ -332,13 +360,17 @@ public enum JSONPointer {
 
     /// Escapes one reference token.
     public static func escape(_ token: String) -> String {
-        guard token.contains("~") || token.contains("/") else { return token }
-        return token.replacingOccurrences(of: "~", with: "~0").replacingOccurrences(of: "/", with: "~1")
-    }
-}
-
-extension String {
-    fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
-        split(separator: Character(target), omittingEmptySubsequences: false).joined(separator: replacement)
+        // A byte scan: `String.contains` would go through Foundation's locale-aware search where it is imported.
+        guard token.utf8.contains(where: { $0 == UInt8(ascii: "~") || $0 == UInt8(ascii: "/") }) else { return token }
+        var out: [UInt8] = []
+        out.reserveCapacity(token.utf8.count + 8)
+        for c in token.utf8 {
+            switch c {
+            case UInt8(ascii: "~"): out += [UInt8(ascii: "~"), UInt8(ascii: "0")]
+            case UInt8(ascii: "/"): out += [UInt8(ascii: "~"), UInt8(ascii: "1")]
+            default: out.append(c)
+            }
+        }
+        return String(decoding: out, as: UTF8.self)
     }
 }

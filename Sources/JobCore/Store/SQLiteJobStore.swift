@@ -797,8 +797,9 @@ enum SQL {
 
 /// Records to and from statement parameters and columns.
 enum Rows {
-    /// Stored JSON was parsed before it was written; this only bounds the work on a damaged file.
-    static let maxJSONDepth = 4096
+    /// Stored JSON was parsed before it was written, under whatever `--max-depth` was in force then; this only
+    /// bounds the work on a damaged file.
+    static let maxJSONDepth = Limits.storedJSONDepth
 
     /// Binds parameters 1–18 (every column but `request`).
     static func bind(_ job: JobRecord, to statement: SQLiteStatement) {
