@@ -171,6 +171,8 @@ final class App: @unchecked Sendable {
             }
         } catch let error as QueryError {
             exchange.send(Self.error(400, "bad_request", error.message))
+        } catch let error as StoreError where error.isResourceFailure {
+            exchange.send(storageUnavailable(error, exchange))
         } catch {
             exchange.send(internalError(error, exchange))
         }
@@ -217,7 +219,7 @@ final class App: @unchecked Sendable {
             exchange.send(Self.invalidGraph(error.issues.map { (pointer: $0.pointer, message: $0.message) }))
             return
         }
-        switch try engine.submit(spec, request: body, idempotencyKey: key) {
+        switch try engine.submit(spec, request: body, idempotencyKey: key, requestBytes: request.body) {
         case .created(let job):
             var response = Self.json(201, Presentation.job(job))
             response.headers.set("Location", "/v1/jobs/\(job.id)")
@@ -336,9 +338,20 @@ final class App: @unchecked Sendable {
         exchange.send(HTTPResponse(status: 200, headers: headers, body: body.bytes))
     }
 
+    /// `503 degraded` while store writes fail: the server still answers reads and keeps every accepted
+    /// job (running in memory, its state retried), but refuses new work, so a load balancer should send
+    /// that elsewhere — and most act on the status code alone.
     private func health(_ exchange: Exchange) {
         if isShuttingDown {
             exchange.send(Self.error(503, "shutting_down", "the server is shutting down"))
+            return
+        }
+        let store = engine.storeHealth
+        if store.degraded {
+            var response = Self.json(
+                503, .object([JSONMember("status", "degraded"), JSONMember("store", StoreHealthText.json(store))]))
+            response.headers.set("Retry-After", "1")
+            exchange.send(response)
         } else {
             exchange.send(Self.json(200, .object([JSONMember("status", "ok")])))
         }
@@ -346,7 +359,7 @@ final class App: @unchecked Sendable {
 
     private func metrics(_ exchange: Exchange) {
         let snapshot = MetricsSnapshot(engine: engine.metrics, fetcher: fetcher.stats, http: httpRequests.snapshot)
-        let text = PrometheusText.render(snapshot)
+        let text = PrometheusText.render(snapshot) + StoreHealthText.metrics(engine.storeHealth)
         exchange.send(
             HTTPResponse(
                 status: 200, headers: HTTPHeaders([("Content-Type", PrometheusText.contentType)]),
@@ -382,6 +395,16 @@ final class App: @unchecked Sendable {
     private func nodeNotFound(_ id: String, _ nodeID: String) throws -> HTTPResponse {
         guard try engine.job(id: id) != nil else { return Self.jobNotFound(id) }
         return Self.error(404, "not_found", "job \(id) has no node \(nodeID)")
+    }
+
+    /// `503 storage_unavailable`: the store is out of a resource (disk, descriptors, memory, the lock) for now.
+    /// Nothing of the request was done; the same request may be sent again after `Retry-After`.
+    private func storageUnavailable(_ error: StoreError, _ exchange: Exchange) -> HTTPResponse {
+        logger.warning("request refused: store unavailable", ["request_id": .string(exchange.requestID), "error": .string("\(error)")])
+        var response = Self.error(
+            503, "storage_unavailable", "the job store cannot be used right now (\(error.kind)); retry later")
+        response.headers.set("Retry-After", "1")
+        return response
     }
 
     private func internalError(_ error: Error, _ exchange: Exchange) -> HTTPResponse {
