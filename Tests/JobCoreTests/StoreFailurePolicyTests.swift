@@ -101,6 +101,26 @@ final class StoreFailurePolicyTests: StoreTestCase {
         try create(store, 2)
     }
 
+    func testABacklogSplitsIntoPartsThatKeepEachJobWhole() {
+        var pending = PendingChanges()
+        for n in 0..<50 {
+            let (job, nodes) = makeJob(n, nodes: 1 + n % 7)
+            let bodies = nodes.dropFirst().map { BodyChange(jobID: job.id, nodeID: $0.id, body: StoredBody(contentType: nil, bytes: [1])) }
+            pending.merge(Changes(jobs: [job], nodes: nodes, bodies: bodies))
+        }
+        let parts = pending.split(maxRecords: 20)
+        XCTAssertGreaterThan(parts.count, 1)
+        XCTAssertEqual(parts.map(\.count).reduce(0, +), pending.count)
+        for part in parts {
+            XCTAssertLessThanOrEqual(part.count, 20)
+            for key in part.nodes.keys { XCTAssertNotNil(part.jobs[key.jobID], "node of \(key.jobID) apart from its job") }
+            for key in part.bodies.keys { XCTAssertNotNil(part.jobs[key.jobID], "body of \(key.jobID) apart from its job") }
+        }
+        var rest = pending
+        for part in parts { rest.remove(part) }
+        XCTAssertTrue(rest.isEmpty)
+    }
+
     func testReadsOutOfFileDescriptorsAreResourceFailures() throws {
         let store = try openStore()
         defer { store.close() }

@@ -415,6 +415,35 @@ struct PendingChanges {
         nodes.removeAll(keepingCapacity: true)
         bodies.removeAll(keepingCapacity: true)
     }
+
+    /// The changes in parts of about `maxRecords` records, each job's records (job, nodes, bodies)
+    /// in the same part, so that no committed part shows a job half updated.
+    func split(maxRecords: Int) -> [PendingChanges] {
+        var byJob: [String: PendingChanges] = [:]
+        for (id, job) in jobs { byJob[id, default: PendingChanges()].jobs[id] = job }
+        for (key, node) in nodes { byJob[key.jobID, default: PendingChanges()].nodes[key] = node }
+        for (key, body) in bodies { byJob[key.jobID, default: PendingChanges()].bodies[key] = body }
+        var parts: [PendingChanges] = []
+        var part = PendingChanges()
+        for group in byJob.values {
+            if !part.isEmpty && part.count + group.count > maxRecords {
+                parts.append(part)
+                part = PendingChanges()
+            }
+            part.jobs.merge(group.jobs) { $1 }
+            part.nodes.merge(group.nodes) { $1 }
+            part.bodies.merge(group.bodies) { $1 }
+        }
+        if !part.isEmpty { parts.append(part) }
+        return parts
+    }
+
+    /// Forgets the records of `part` (written on their own).
+    mutating func remove(_ part: PendingChanges) {
+        for id in part.jobs.keys { jobs[id] = nil }
+        for key in part.nodes.keys { nodes[key] = nil }
+        for key in part.bodies.keys { bodies[key] = nil }
+    }
 }
 
 struct NodeKey: Hashable {
@@ -511,12 +540,16 @@ final class StoreWriter: @unchecked Sendable {
     /// Writes the pending changes and `ops` in one transaction; if that fails for something other than
     /// a resource, each part alone, so that one bad part fails alone.
     private func attempt(_ ops: [WriteOp]) {
+        if failure != nil && pending.count > StoreWriter.recoveryPartRecords && !writePendingInParts() {
+            for op in ops { fail(op, failure ?? StoreError(.unavailable, "store writes are failing")) }
+            return
+        }
         // Degraded with nothing kept: a one-row write shows whether the disk takes writes again.
         let probe = failure != nil && pending.isEmpty && ops.isEmpty
         var answers: [() -> Void] = []
         do {
             try transaction(fullSync: ops.contains { $0.needsFullSync }, includesPending: true) {
-                try writePending()
+                try write(pending)
                 if probe { try self.probe() }
                 for op in ops { try apply(op, answers: &answers) }
             }
@@ -531,7 +564,7 @@ final class StoreWriter: @unchecked Sendable {
         }
         if !pending.isEmpty {
             do {
-                try transaction(fullSync: false, includesPending: true) { try writePending() }
+                try transaction(fullSync: false, includesPending: true) { try write(pending) }
             } catch let error as StoreError where error.isResourceFailure {
                 degrade(error)
                 for op in ops { fail(op, error) }
@@ -562,8 +595,33 @@ final class StoreWriter: @unchecked Sendable {
         }
     }
 
+    /// Records kept through a long failure can need more room in the WAL as one transaction than a disk
+    /// that just got some space back has: on recovery they are written in parts of about this many
+    /// records, the WAL emptied into the database after each.
+    static let recoveryPartRecords = 256
+
+    /// Writes the pending changes part by part; false (and degraded again) if a part fails for lack of a resource.
+    private func writePendingInParts() -> Bool {
+        for part in pending.split(maxRecords: StoreWriter.recoveryPartRecords) {
+            do {
+                try transaction(fullSync: false, includesPending: false) { try write(part) }
+            } catch let error as StoreError where error.isResourceFailure {
+                degrade(error)
+                return false
+            } catch {
+                // A real bug in some record: the whole-batch path isolates and reports it.
+                return true
+            }
+            pending.remove(part)
+            // Frees the WAL's room for the next part; a checkpoint that cannot finish is no error here.
+            try? execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        }
+        return true
+    }
+
     /// BEGIN IMMEDIATE, `body`, COMMIT; rolled back if any of it throws. After a commit that
-    /// included the pending changes they are dropped from memory; any commit ends a degraded spell.
+    /// included the pending changes they are dropped from memory; a commit that leaves nothing
+    /// pending ends a degraded spell.
     private func transaction(fullSync: Bool, includesPending: Bool, _ body: () throws -> Void) throws {
         do {
             try setFullSync(fullSync)
@@ -578,7 +636,7 @@ final class StoreWriter: @unchecked Sendable {
             pending.removeAll()
             answerCommitWaiters(.success(()))
         }
-        if let failure {
+        if let failure, pending.isEmpty {
             logger.info("store writes recovered", ["after": .string(failure.description)])
             self.failure = nil
             retryDelayMs = 0
@@ -687,7 +745,7 @@ final class StoreWriter: @unchecked Sendable {
         return .created(job)
     }
 
-    private func writePending() throws {
+    private func write(_ pending: PendingChanges) throws {
         if !pending.jobs.isEmpty {
             let update = try db.prepare(SQL.updateJob)
             for job in pending.jobs.values {
