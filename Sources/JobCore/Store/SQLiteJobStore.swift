@@ -458,7 +458,7 @@ struct BodyKey: Hashable {
 
 /// `StoreHealth` as the writer last left it; read from any thread.
 final class WriterStatus: @unchecked Sendable {
-    // Guarded by `monitor`; written by the writer thread only.
+    // Safe to share: `value` is read and written only inside `monitor.withLock`.
     private let monitor = StoreMonitor()
     private var value = StoreHealth()
 
@@ -561,6 +561,8 @@ final class StoreWriter: @unchecked Sendable {
             return
         } catch {
             logger.warning("store batch failed; writing its parts one by one", ["error": .string("\(error)")])
+            // Still degraded if nothing below commits: the next retry keeps its delay rather than spinning.
+            if failure != nil { retryAtMs = Timestamp.monotonicMs() + retryDelayMs }
         }
         if !pending.isEmpty {
             do {
@@ -632,15 +634,15 @@ final class StoreWriter: @unchecked Sendable {
             rollback()
             throw error
         }
-        if includesPending {
-            pending.removeAll()
-            answerCommitWaiters(.success(()))
-        }
+        if includesPending { pending.removeAll() }
         if let failure, pending.isEmpty {
             logger.info("store writes recovered", ["after": .string(failure.description)])
             self.failure = nil
             retryDelayMs = 0
         }
+        // Health first: whoever was waiting for this commit must see the store as it now is.
+        publish()
+        if includesPending { answerCommitWaiters(.success(())) }
     }
 
     private func degrade(_ error: StoreError) {
