@@ -400,7 +400,8 @@ final class App: @unchecked Sendable {
     /// `503 storage_unavailable`: the store is out of a resource (disk, descriptors, memory, the lock) for now.
     /// Nothing of the request was done; the same request may be sent again after `Retry-After`.
     private func storageUnavailable(_ error: StoreError, _ exchange: Exchange) -> HTTPResponse {
-        logger.warning("request refused: store unavailable", ["request_id": .string(exchange.requestID), "error": .string("\(error)")])
+        // The store logs the failure itself, once per spell and at each retry; every refusal would flood the log.
+        logger.debug("request refused: store unavailable", ["request_id": .string(exchange.requestID), "error": .string("\(error)")])
         var response = Self.error(
             503, "storage_unavailable", "the job store cannot be used right now (\(error.kind)); retry later")
         response.headers.set("Retry-After", "1")
