@@ -161,6 +161,7 @@ failures="$(metric jobserver_store_write_failures_total)"
 
 step "space returns; load goes on for 2 s"
 rm -f "$mnt/filler"
+freed_ms="$(millis)"
 sleep 2
 touch "$TMP/stop"
 for ((i = 0; i < 600; i++)); do kill -0 "$load_pid" 2>/dev/null || break; sleep 0.1; done
@@ -180,7 +181,11 @@ for ((i = 0; i < 300; i++)); do
   sleep 0.1
 done
 [ "$(health_code)" = 200 ] || fail "/healthz still $(health_code) 30 s after space returned: $(cat "$TMP/health.body")"
+log "healthy $(($(millis) - freed_ms)) ms after space returned (load stopped after 2 s); write failures: $(metric jobserver_store_write_failures_total)"
 [ "$(metric jobserver_store_degraded)" = 0 ] || fail "jobserver_store_degraded is not 0 after recovery"
+submit "{\"name\":\"after\",\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}}"
+echo "$JOB_ID" >>"$TMP/created"
+created=$((created + 1))
 
 # read_jobs MODE: for every id in $TMP/created, long-polls (MODE=settle) or reads
 # (MODE=read) the job and prints "id state version"; exits 1 if one is missing or
