@@ -219,7 +219,7 @@ final class App: @unchecked Sendable {
             exchange.send(Self.invalidGraph(error.issues.map { (pointer: $0.pointer, message: $0.message) }))
             return
         }
-        switch try engine.submit(spec, request: body, idempotencyKey: key) {
+        switch try engine.submit(spec, request: body, idempotencyKey: key, requestBytes: request.body) {
         case .created(let job):
             var response = Self.json(201, Presentation.job(job))
             response.headers.set("Location", "/v1/jobs/\(job.id)")
@@ -368,18 +368,29 @@ final class App: @unchecked Sendable {
         exchange.send(HTTPResponse(status: 200, headers: headers, body: body.bytes))
     }
 
+    /// `503 degraded` while store writes fail: the server still answers reads and keeps every accepted
+    /// job (running in memory, its state retried), but refuses new work, so a load balancer should send
+    /// that elsewhere — and most act on the status code alone.
     private func health(_ exchange: Exchange) {
         if isShuttingDown {
             exchange.send(Self.error(503, "shutting_down", "the server is shutting down"))
+            return
+        }
+        let store = engine.storeHealth
+        if store.degraded {
+            var response = Self.json(
+                503, .object([JSONMember("status", "degraded"), JSONMember("store", StoreHealthText.json(store))]))
+            response.headers.set("Retry-After", "1")
+            exchange.send(response)
         } else {
             exchange.send(Self.json(200, .object([JSONMember("status", "ok")])))
         }
     }
 
     private func metrics(_ exchange: Exchange) {
-        engine.metrics { [fetcher, httpRequests] metrics in
+        engine.metrics { [engine, fetcher, httpRequests] metrics in
             let snapshot = MetricsSnapshot(engine: metrics, fetcher: fetcher.stats, http: httpRequests.snapshot)
-            let text = PrometheusText.render(snapshot)
+            let text = PrometheusText.render(snapshot) + StoreHealthText.metrics(engine.storeHealth)
             exchange.send(
                 HTTPResponse(
                     status: 200, headers: HTTPHeaders([("Content-Type", PrometheusText.contentType)]),
@@ -448,7 +459,20 @@ final class App: @unchecked Sendable {
         return error(404, "not_found", "job \(id) has no node \(nodeID)")
     }
 
+    /// `503 storage_unavailable`: the store is out of a resource (disk, descriptors, memory, the lock) for now.
+    /// Nothing of the request was done; the same request may be sent again after `Retry-After`.
+    private func storageUnavailable(_ error: StoreError, _ exchange: Exchange) -> HTTPResponse {
+        // The store logs the failure itself, once per spell and at each retry; every refusal would flood the log.
+        logger.debug("request refused: store unavailable", ["request_id": .string(exchange.requestID), "error": .string("\(error)")])
+        var response = Self.error(
+            503, "storage_unavailable", "the job store cannot be used right now (\(error.kind)); retry later")
+        response.headers.set("Retry-After", "1")
+        return response
+    }
+
+    /// The answer for an error no route expected: `503` when the store is out of a resource, else `500`.
     private func internalError(_ error: Error, _ exchange: Exchange) -> HTTPResponse {
+        if let error = error as? StoreError, error.isResourceFailure { return storageUnavailable(error, exchange) }
         logger.error("request failed", ["request_id": .string(exchange.requestID), "error": .string("\(error)")])
         return Self.error(500, "internal", "internal error; request id \(exchange.requestID)")
     }

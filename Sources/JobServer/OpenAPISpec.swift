@@ -57,6 +57,12 @@ info:
       `500` with code `internal`. Neither is in API.md §3's table. Nor are
       `408 request_timeout` and `417 expectation_failed` (RFC 9110), which the
       HTTP layer answers before routing.
+    - A job store out of a resource (disk full, I/O error, no file descriptors
+      or memory, the database locked) is `503 storage_unavailable` with
+      `Retry-After`, on every route that needs the store; `500 internal` is
+      kept for real bugs. State changes of accepted jobs are never dropped:
+      they are retried until the store takes them; meanwhile `/healthz` says
+      `503 degraded`.
     - `422 invalid_graph` names the first problem in `path`/`message` and lists
       every problem found in `details`, each with its own JSON Pointer.
     - Unknown query parameters are ignored; a known one given twice is `400`.
@@ -64,7 +70,8 @@ info:
       answered at once.
     - An `Idempotency-Key` is remembered as long as the job it created exists
       (until `DELETE` or retention removes it). "The same body" means the same
-      bytes.
+      bytes: a body that differs only in whitespace or member order is another
+      body (`409`).
     - A fetch's `max_bytes` above the server's `--max-response-bytes` is
       refused at submit (`422`): a job never asks for more than the server allows.
     - `recover` is applied when the key is present, even with the value `null`.
@@ -128,7 +135,9 @@ paths:
         to new submissions.
         When the server already holds its limit of active jobs
         (`--max-active-jobs`), the answer is `429 too_many_jobs` with
-        `Retry-After`. Bad input never leaves a half-written job.
+        `Retry-After`; when the job store cannot write (disk full), it is
+        `503 storage_unavailable` with `Retry-After`. Neither bad input nor a
+        refused submission leaves a half-written job.
       parameters:
         - $ref: "#/components/parameters/IdempotencyKey"
       requestBody:
@@ -230,7 +239,7 @@ paths:
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
-          $ref: "#/components/responses/ShuttingDown"
+          $ref: "#/components/responses/Unavailable"
     get:
       tags: [jobs]
       operationId: listJobs
@@ -287,7 +296,7 @@ paths:
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
-          $ref: "#/components/responses/ShuttingDown"
+          $ref: "#/components/responses/Unavailable"
 
   /v1/jobs/{id}:
     parameters:
@@ -367,7 +376,7 @@ paths:
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
-          $ref: "#/components/responses/ShuttingDown"
+          $ref: "#/components/responses/Unavailable"
     delete:
       tags: [jobs]
       operationId: deleteJob
@@ -400,7 +409,7 @@ paths:
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
-          $ref: "#/components/responses/ShuttingDown"
+          $ref: "#/components/responses/Unavailable"
 
   /v1/jobs/{id}/cancel:
     parameters:
@@ -458,7 +467,7 @@ paths:
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
-          $ref: "#/components/responses/ShuttingDown"
+          $ref: "#/components/responses/Unavailable"
 
   /v1/jobs/{id}/nodes:
     parameters:
@@ -504,7 +513,7 @@ paths:
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
-          $ref: "#/components/responses/ShuttingDown"
+          $ref: "#/components/responses/Unavailable"
 
   /v1/jobs/{id}/nodes/{node}:
     parameters:
@@ -540,7 +549,7 @@ paths:
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
-          $ref: "#/components/responses/ShuttingDown"
+          $ref: "#/components/responses/Unavailable"
 
   /v1/jobs/{id}/nodes/{node}/body:
     parameters:
@@ -584,7 +593,7 @@ paths:
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
-          $ref: "#/components/responses/ShuttingDown"
+          $ref: "#/components/responses/Unavailable"
 
   /healthz:
     parameters:
@@ -593,7 +602,9 @@ paths:
       tags: [operations]
       operationId: healthz
       summary: Liveness
-      description: Open even when a token is configured. `503` from the moment shutdown begins.
+      description: |
+        Open even when a token is configured. `503` from the moment shutdown
+        begins, and `503 degraded` while writes to the job store fail.
       security: []
       responses:
         "200":
@@ -621,7 +632,60 @@ paths:
         "431":
           $ref: "#/components/responses/HeadersTooLarge"
         "503":
-          $ref: "#/components/responses/ShuttingDown"
+          description: |
+            Shutting down: the `ApiError` object with code `shutting_down`.
+
+            Degraded: writes to the job store are failing (disk full, I/O
+            errors) and are being retried. Jobs already accepted go on running
+            and their state changes are kept until the store takes them; reads
+            of jobs still work, but new jobs, deletes, lists and bodies may be
+            refused with `503 storage_unavailable`. The answer is `503` rather
+            than `200` so that a load balancer, which looks at the status only,
+            sends new work elsewhere; it returns to `200 ok` by itself once a
+            retried write commits. `store` tells why.
+          headers:
+            Retry-After:
+              description: seconds after which to look again (only when degraded)
+              schema:
+                type: integer
+                minimum: 1
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                oneOf:
+                  - $ref: "#/components/schemas/ApiError"
+                  - type: object
+                    additionalProperties: false
+                    required: [status, store]
+                    properties:
+                      status:
+                        const: degraded
+                      store:
+                        type: object
+                        additionalProperties: false
+                        required: [writable, error, pending_changes, write_failures]
+                        properties:
+                          writable:
+                            description: false while writes fail
+                            type: boolean
+                          error:
+                            description: the kind of the last failure, e.g. `full`, `io`, `busy`
+                            type: [string, "null"]
+                          pending_changes:
+                            description: job, node and body records kept for the next retry
+                            type: integer
+                            minimum: 0
+                          write_failures:
+                            description: failed write transactions since the server started
+                            type: integer
+                            minimum: 0
+              examples:
+                degraded:
+                  value:
+                    status: degraded
+                    store: {writable: false, error: full, pending_changes: 42, write_failures: 7}
 
   /metrics:
     parameters:
@@ -634,7 +698,11 @@ paths:
         Prometheus text exposition format (`text/plain; version=0.0.4`): jobs,
         nodes, fetches by outcome, a fetch latency histogram, HTTP requests by
         route and status, queue depths, stored jobs that could not be loaded at
-        start (`jobserver_jobs_load_failures_total`).
+        start (`jobserver_jobs_load_failures_total`), and the job store's health:
+        `jobserver_store_degraded` (1 while writes fail and are retried),
+        `jobserver_store_write_failures_total`, `jobserver_store_pending_changes`
+        (records waiting for the store) and `jobserver_store_dropped_changes_total`
+        (changes given up for a reason other than a resource: a bug).
       responses:
         "200":
           description: the metrics
@@ -914,6 +982,33 @@ components:
         application/json:
           schema:
             $ref: "#/components/schemas/ApiError"
+    Unavailable:
+      description: |
+        `shutting_down`: the server is stopping.
+
+        `storage_unavailable`: the job store is out of a resource right now —
+        the disk is full or failing, the process is out of file descriptors or
+        memory, or the database stays locked. Nothing of the request was done
+        (a refused submission leaves no job behind); the same request may be
+        sent again after `Retry-After` seconds. Jobs already accepted are not
+        affected: they run on, and their state is written once the store
+        recovers.
+      headers:
+        Retry-After:
+          description: seconds after which a retry may succeed (with `storage_unavailable`)
+          schema:
+            type: integer
+            minimum: 1
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        application/json:
+          schema:
+            $ref: "#/components/schemas/ApiError"
+          example:
+            error:
+              code: storage_unavailable
+              message: the job store cannot be used right now (full); retry later
     ShuttingDown:
       description: "`shutting_down`: the server is stopping."
       headers:
@@ -1449,6 +1544,7 @@ components:
                 - too_many_jobs
                 - headers_too_large
                 - shutting_down
+                - storage_unavailable
                 - internal
             message:
               type: string

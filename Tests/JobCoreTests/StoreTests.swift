@@ -512,14 +512,19 @@ final class StoreFailureTests: StoreTestCase {
         let other = try SQLiteConnection(path: dbPath, create: false, busyTimeoutMs: 100)
         defer { other.close() }
         try other.execute("BEGIN IMMEDIATE")
-        XCTAssertThrowsError(try create(store, 2)) { XCTAssertEqual(($0 as? StoreError)?.kind, .busy) }
+        XCTAssertThrowsError(try create(store, 2)) { XCTAssertEqual(($0 as? StoreError)?.isResourceFailure, true) }
         job.version = 2
         store.enqueue(jobs: [job], nodes: [], bodies: [])
-        XCTAssertThrowsError(try store.flush()) { XCTAssertEqual(($0 as? StoreError)?.kind, .busy) }
-        XCTAssertThrowsError(try store.deleteJob(id: job.id)) { XCTAssertEqual(($0 as? StoreError)?.kind, .busy) }
+        XCTAssertThrowsError(try store.flush()) { XCTAssertEqual(($0 as? StoreError)?.isResourceFailure, true) }
+        XCTAssertThrowsError(try store.deleteJob(id: job.id)) { XCTAssertEqual(($0 as? StoreError)?.isResourceFailure, true) }
+        XCTAssertTrue(store.health.degraded)
         try other.execute("ROLLBACK")
 
-        try store.flush()  // the failure was reported once
+        // The kept change commits on a retry, with nothing enqueued again.
+        try store.waitUntilCommitted()
+        XCTAssertEqual(try store.job(id: job.id)?.version, 2)
+        XCTAssertFalse(store.health.degraded)
+        try store.flush()
         try create(store, 2)
         job.version = 3
         store.enqueue(jobs: [job], nodes: [], bodies: [])

@@ -250,8 +250,14 @@ public final class Engine: @unchecked Sendable {
     ///   - spec: the validated submission.
     ///   - request: the submitted body, kept to rebuild the graph after a restart.
     ///   - idempotencyKey: the `Idempotency-Key` header, if any.
-    /// - Throws: `StoreError` when the store fails.
-    public func submit(_ spec: JobSpec, request: JSONValue, idempotencyKey: String?) throws -> SubmitOutcome {
+    ///   - requestBytes: the body exactly as it came: with an idempotency key, a later submission is the
+    ///     same request only if its bytes are the same (API.md), not merely the same JSON. Without it,
+    ///     the compact serialisation of `request` stands for them.
+    /// - Throws: `StoreError` when the store fails; then nothing of the job is stored or running
+    ///   (`isResourceFailure`: the disk is full or failing, and the submission may be retried later).
+    public func submit(
+        _ spec: JobSpec, request: JSONValue, idempotencyKey: String?, requestBytes: [UInt8]? = nil
+    ) throws -> SubmitOutcome {
         let (refusal, id): (SubmitOutcome?, String) = queue.sync {
             if shuttingDown { return (.shuttingDown, "") }
             if unsettledJobs >= configuration.maxActiveJobs { return (.queueFull, "") }
@@ -272,7 +278,7 @@ public final class Engine: @unchecked Sendable {
         }
         let outcome = try store.createJob(
             job, nodes: nodes, idempotencyKey: idempotencyKey,
-            requestHash: idempotencyKey == nil ? nil : fnv1aHex(request.bytes))
+            requestHash: idempotencyKey == nil ? nil : fnv1aHex(requestBytes ?? request.bytes))
         switch outcome {
         case .created:
             logger.info("job created", ["job": .string(id), "nodes": .int(nodes.count)])
@@ -288,6 +294,9 @@ public final class Engine: @unchecked Sendable {
             return .conflict(existing)
         }
     }
+
+    /// How the store's writes are going (`/healthz`, `/metrics`).
+    public var storeHealth: StoreHealth { store.health }
 
     private func activate(_ run: JobRun) {
         runs[run.id] = run
@@ -688,7 +697,8 @@ public final class Engine: @unchecked Sendable {
                 defer { self.retiring.removeAll() }
                 return self.retiring
             }
-            try? store.flush()
+            // Until then (a full disk retried for a while) they stay in memory, where reads find them.
+            try? store.waitUntilCommitted()
             self.queue.async {
                 for run in batch { self.forget(run) }
                 self.retireScheduled = false

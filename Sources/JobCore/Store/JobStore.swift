@@ -25,6 +25,9 @@ public struct StoreError: Error, Equatable, CustomStringConvertible, Sendable {
         public static let badCursor = Kind("bad_cursor")
         /// The store was closed.
         public static let closed = Kind("closed")
+        /// Writes are failing (disk full, I/O errors) and the store is retrying them; new work is refused
+        /// until a retry commits.
+        public static let unavailable = Kind("unavailable")
 
         /// The kind's name, e.g. `bad_cursor`.
         public var description: String { name }
@@ -44,11 +47,42 @@ public struct StoreError: Error, Equatable, CustomStringConvertible, Sendable {
         self.sqliteCode = sqliteCode
     }
 
+    /// True when the failure is a resource running out — disk full, an I/O error, the lock held too long,
+    /// no file descriptor or memory left — which passes without a code change: the write can be tried
+    /// again later, and a client asked to retry. False for real bugs (a corrupt file, misuse, a broken constraint).
+    public var isResourceFailure: Bool {
+        switch kind {
+        case .full, .busy, .unavailable: return true
+        case .io, .open:
+            // `io` is also what an unexpected SQLite code becomes; only these codes are a resource running out.
+            guard let sqliteCode else { return false }
+            return StoreError.resourceCodes.contains(sqliteCode & 0xFF)
+        default: return false
+        }
+    }
+
     /// `store <kind>: <message> (sqlite <code>)`.
     public var description: String {
         if let sqliteCode { return "store \(kind): \(message) (sqlite \(sqliteCode))" }
         return "store \(kind): \(message)"
     }
+}
+
+/// How the store's writes are going, for `/healthz` and `/metrics`.
+public struct StoreHealth: Sendable, Equatable {
+    /// True from a write that failed for lack of a resource (disk full, I/O error, lock, descriptors)
+    /// until a write commits again. Meanwhile state changes are kept and retried, and new work is refused.
+    public var degraded = false
+    /// Write transactions that failed since the store was opened.
+    public var writeFailures = 0
+    /// Jobs and nodes whose latest state is kept for the next retry (each counted once, however often it changed).
+    public var pendingChanges = 0
+    /// State changes given up because they failed for a reason other than a resource (a bug, a corrupt file).
+    public var droppedChanges = 0
+    /// The failure that made the store degraded; `nil` when it is not.
+    public var lastError: StoreError?
+
+    public init() {}
 }
 
 /// What `createJob` did.
@@ -110,19 +144,30 @@ public protocol JobStore: AnyObject, Sendable {
     func createJob(_ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?) throws -> CreateOutcome
 
     /// Queues state changes (whole records replace the stored ones; nodes matched by (jobID, position)); returns at once.
-    /// Committed together with other queued changes by the writer.
+    /// Committed together with other queued changes by the writer. A change that cannot be written for lack of a
+    /// resource (disk full, I/O error) is kept — only the latest record of each job and node — and retried with
+    /// backoff until it commits.
     ///
     /// A job's `request` is never rewritten (it cannot change after creation), and
     /// changes to jobs or nodes that do not exist (e.g. deleted meanwhile) are ignored.
     func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)])
 
     /// Blocks until everything enqueued before this call is committed.
-    /// - Throws: `StoreError` if some change enqueued since the previous `flush` could not be written.
+    /// - Throws: `StoreError` if some change enqueued before it could not be written yet (it is kept and
+    ///   retried: see `waitUntilCommitted`), or had to be given up since the previous `flush`.
     func flush() throws
 
     /// As `flush()`, without blocking: `completion` runs (on the store's thread, so it must be quick) once
     /// everything enqueued before this call is committed, or with the error that kept it from being written.
     func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void)
+
+    /// Blocks until everything enqueued before this call is committed, however many retries of a failing
+    /// disk that takes (unlike `flush`, which reports the first failure).
+    /// - Throws: `StoreError` when the store closes first, or when changes had to be given up (see `StoreHealth.droppedChanges`).
+    func waitUntilCommitted() throws
+
+    /// How writes are going.
+    var health: StoreHealth { get }
 
     /// The job with everything stored about it, or `nil`.
     func job(id: String) throws -> JobRecord?

@@ -243,3 +243,11 @@ final class SQLiteStatement {
         }
     }
 }
+
+extension StoreError {
+    /// Primary SQLite result codes of a resource that ran out; SQLITE_CANTOPEN is what an open
+    /// fails with when the process is out of file descriptors (EMFILE, ENFILE).
+    static let resourceCodes: Set<Int32> = [
+        SQLITE_NOMEM, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_BUSY, SQLITE_LOCKED,
+    ]
+}

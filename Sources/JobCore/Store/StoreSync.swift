@@ -29,6 +29,17 @@ final class StoreMonitor: @unchecked Sendable {
     func wait() { pthread_cond_wait(condition, mutex) }
     func signal() { pthread_cond_signal(condition) }
 
+    /// Waits for a signal or until `milliseconds` have passed; call with the lock held.
+    func wait(milliseconds: Int64) {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let total = Int64(now.tv_nsec) + (milliseconds % 1000) * 1_000_000
+        var deadline = timespec()
+        deadline.tv_sec = now.tv_sec + Int(milliseconds / 1000) + Int(total / 1_000_000_000)
+        deadline.tv_nsec = Int(total % 1_000_000_000)
+        pthread_cond_timedwait(condition, mutex, &deadline)
+    }
+
     func withLock<T>(_ body: () throws -> T) rethrows -> T {
         lock()
         defer { unlock() }

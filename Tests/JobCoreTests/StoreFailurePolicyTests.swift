@@ -1,0 +1,158 @@
+import Foundation
+import XCTest
+@testable import JobCore
+import CSQLite
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The store-failure policy: resource failures are told from bugs, state changes the disk refuses
+/// are kept (the latest of each record) and retried until they commit, new work is refused meanwhile,
+/// and the store recovers by itself. The failure is a real one: another connection holding the
+/// write lock (SQLITE_BUSY), or the process out of file descriptors.
+final class StoreFailurePolicyTests: StoreTestCase {
+    func testResourceFailuresAreToldFromBugs() {
+        // Extended codes are `primary | (n << 8)` (sqlite3.h); Swift imports only the primary ones.
+        let ioerrWrite = SQLITE_IOERR | (3 << 8), ioerrFsync = SQLITE_IOERR | (4 << 8)
+        let constraintUnique = SQLITE_CONSTRAINT | (8 << 8)
+        for rc in [SQLITE_FULL, ioerrWrite, ioerrFsync, SQLITE_BUSY, SQLITE_LOCKED, SQLITE_CANTOPEN, SQLITE_NOMEM] {
+            XCTAssertTrue(SQLiteConnection.error(rc, "x").isResourceFailure, "sqlite \(rc)")
+        }
+        for rc in [SQLITE_CORRUPT, SQLITE_NOTADB, SQLITE_MISUSE, SQLITE_ERROR, constraintUnique, SQLITE_INTERNAL] {
+            XCTAssertFalse(SQLiteConnection.error(rc, "x").isResourceFailure, "sqlite \(rc)")
+        }
+        XCTAssertTrue(StoreError(.unavailable, "x").isResourceFailure)
+        XCTAssertFalse(StoreError(.io, "no code").isResourceFailure)
+        XCTAssertFalse(StoreError(.corrupt, "x").isResourceFailure)
+        XCTAssertFalse(StoreError(.closed, "x").isResourceFailure)
+    }
+
+    func testRefusedChangesAreKeptLatestFirstAndCommittedWhenTheLockIsFree() throws {
+        let store = try SQLiteJobStore(path: dbPath, logger: .disabled, busyTimeoutMs: 50)
+        defer { store.close() }
+        let job = try create(store, 1, nodes: 2)
+        let other = try SQLiteConnection(path: dbPath, create: false, busyTimeoutMs: 50)
+        defer { other.close() }
+        try other.execute("BEGIN IMMEDIATE")
+
+        var running = job
+        var node = NodeRecord(jobID: job.id, id: "root.0", parent: "root", position: 1, type: "fetch")
+        for version in Int64(2)...Int64(40) {
+            running.version = version
+            running.state = version == 40 ? .succeeded : .running
+            node.attempts = Int(version)
+            store.enqueue(jobs: [running], nodes: [node], bodies: [
+                (jobID: job.id, nodeID: "root.0", body: StoredBody(contentType: "text/plain", bytes: Array("v\(version)".utf8)))
+            ])
+        }
+        XCTAssertThrowsError(try store.flush()) { XCTAssertEqual(($0 as? StoreError)?.isResourceFailure, true) }
+        let degraded = store.health
+        XCTAssertTrue(degraded.degraded)
+        XCTAssertGreaterThanOrEqual(degraded.writeFailures, 1)
+        // One job, one node, one body: the latest of each, however many changes came.
+        XCTAssertEqual(degraded.pendingChanges, 3)
+        XCTAssertEqual(degraded.lastError?.isResourceFailure, true)
+
+        // New work is refused while degraded, and leaves nothing behind.
+        XCTAssertThrowsError(try create(store, 2)) { XCTAssertEqual(($0 as? StoreError)?.isResourceFailure, true) }
+        XCTAssertEqual(try store.job(id: job.id)?.version, 1, "nothing was committed")
+
+        // The reader sees the old state while the lock is held; the writer gets it once it is free.
+        let committed = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async {
+            try? store.waitUntilCommitted()
+            committed.signal()
+        }
+        XCTAssertEqual(committed.wait(timeout: .now() + 0.3), .timedOut, "nothing can commit while the lock is held")
+        try other.execute("ROLLBACK")
+        XCTAssertEqual(committed.wait(timeout: .now() + 30), .success)
+
+        let stored = try store.job(id: job.id)
+        XCTAssertEqual(stored?.version, 40)
+        XCTAssertEqual(stored?.state, .succeeded)
+        XCTAssertEqual(try store.node(jobID: job.id, nodeID: "root.0")?.attempts, 40)
+        XCTAssertEqual(try store.body(jobID: job.id, nodeID: "root.0")?.bytes, Array("v40".utf8))
+        XCTAssertNil(try store.job(id: jobID(2)), "the refused submission left nothing")
+        let healthy = store.health
+        XCTAssertFalse(healthy.degraded)
+        XCTAssertEqual(healthy.pendingChanges, 0)
+        XCTAssertNil(healthy.lastError)
+        try store.flush()
+        try create(store, 2)
+    }
+
+    func testAFailedSubmissionAloneMakesTheStoreDegradedUntilAWriteCommits() throws {
+        let store = try SQLiteJobStore(path: dbPath, logger: .disabled, busyTimeoutMs: 50)
+        defer { store.close() }
+        try create(store, 1)
+        let other = try SQLiteConnection(path: dbPath, create: false, busyTimeoutMs: 50)
+        defer { other.close() }
+        try other.execute("BEGIN IMMEDIATE")
+        XCTAssertThrowsError(try create(store, 2)) { XCTAssertEqual(($0 as? StoreError)?.isResourceFailure, true) }
+        XCTAssertTrue(store.health.degraded)
+        // Nothing was queued before it: a flush has nothing to wait for.
+        try store.flush()
+        try other.execute("ROLLBACK")
+        // With nothing to retry, the writer's probe finds the disk writable again.
+        let deadline = Date().addingTimeInterval(30)
+        while store.health.degraded && Date() < deadline { usleep(10_000) }
+        XCTAssertFalse(store.health.degraded)
+        try create(store, 2)
+    }
+
+    func testABacklogSplitsIntoPartsThatKeepEachJobWhole() {
+        var pending = PendingChanges()
+        for n in 0..<50 {
+            let (job, nodes) = makeJob(n, nodes: 1 + n % 7)
+            let bodies = nodes.dropFirst().map { BodyChange(jobID: job.id, nodeID: $0.id, body: StoredBody(contentType: nil, bytes: [1])) }
+            pending.merge(Changes(jobs: [job], nodes: nodes, bodies: bodies))
+        }
+        let parts = pending.split(maxRecords: 20)
+        XCTAssertGreaterThan(parts.count, 1)
+        XCTAssertEqual(parts.map(\.count).reduce(0, +), pending.count)
+        for part in parts {
+            XCTAssertLessThanOrEqual(part.count, 20)
+            for key in part.nodes.keys { XCTAssertNotNil(part.jobs[key.jobID], "node of \(key.jobID) apart from its job") }
+            for key in part.bodies.keys { XCTAssertNotNil(part.jobs[key.jobID], "body of \(key.jobID) apart from its job") }
+        }
+        var rest = pending
+        for part in parts { rest.remove(part) }
+        XCTAssertTrue(rest.isEmpty)
+    }
+
+    func testReadsOutOfFileDescriptorsAreResourceFailures() throws {
+        let store = try openStore()
+        defer { store.close() }
+        try create(store, 1)
+        // A second store on the file: its reader pool is empty, so a read must open a connection.
+        let reader = try openStore()
+        defer { reader.close() }
+
+        var limit = rlimit()
+        XCTAssertEqual(getrlimit(RLIMIT_NOFILE_VALUE, &limit), 0)
+        let saved = limit
+        let open = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? 64
+        limit.rlim_cur = rlim_t(open + 16)
+        XCTAssertEqual(setrlimit(RLIMIT_NOFILE_VALUE, &limit), 0)
+        var held: [Int32] = []
+        for _ in 0..<64 {
+            let fd = Glibc.open("/dev/null", O_RDONLY)
+            if fd < 0 { break }
+            held.append(fd)
+        }
+        var failure: Error?
+        do { _ = try reader.job(id: jobID(1)) } catch { failure = error }
+        for fd in held { close(fd) }
+        var restore = saved
+        setrlimit(RLIMIT_NOFILE_VALUE, &restore)
+
+        let error = try XCTUnwrap(failure as? StoreError, "a read without descriptors must fail")
+        XCTAssertTrue(error.isResourceFailure, "\(error)")
+        XCTAssertNotNil(try reader.job(id: jobID(1)), "reads work again once descriptors are free")
+    }
+}
+
+#if canImport(Glibc)
+private let RLIMIT_NOFILE_VALUE = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+#endif
