@@ -26,9 +26,14 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          (?fail_status=429 to choose the status,
                          ?retry_after=S adds Retry-After: S); ?delay_ms=D
                          sleeps D ms before answering
-  /echo                  200 {"method","path","query","headers":{lowercased
+  /echo, /echo/*         200 {"method","path","query","headers":{lowercased
                          name: value},"body":"<utf8 text>"}
   /headers               200 with two Set-Cookie, two X-Multi and an X-Upper header
+  POST /login            body {"user": U, …}: 200 {"token": "tok-U", "user": U}
+                         (the token is remembered); 400 without a string user
+  /me                    200 {"user": U} with `Authorization: Bearer <a token
+                         /login gave>`; else 401 {"error": "unauthorized"}
+  /ids?n=N               200 {"ids": [1, …, N], "count": N} (N defaults to 3)
   GET /stats             {"counters":{key:n},"requests":total,"active":in flight,
                          "max_active":high-water mark of concurrent requests,
                          "max_active_by_path_prefix":{"/delay":n,...},
@@ -48,6 +53,11 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+
+# Tokens handed out by /login, for /me.
+TOKENS = {}
+TOKENS_LOCK = threading.Lock()
 
 
 class Stats:
@@ -247,7 +257,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(302, {"redirect": query.get("url", "")}, extra=[("Location", query.get("url", "/"))])
         elif segments[1] == "count" and arg:
             self.count(arg, query, path)
-        elif path == "/echo":
+        elif path == "/echo" or path.startswith("/echo/"):
             headers = {}
             for name, value in self.headers.items():
                 key = name.lower()
@@ -259,6 +269,29 @@ class Handler(BaseHTTPRequestHandler):
                 "headers": headers,
                 "body": body.decode("utf-8", errors="replace"),
             })
+        elif path == "/login" and self.command == "POST":
+            try:
+                user = json.loads(body.decode("utf-8")).get("user")
+            except (ValueError, AttributeError):
+                user = None
+            if not isinstance(user, str):
+                self.send_json(400, {"error": "a string user is required"})
+                return
+            token = "tok-" + user
+            with TOKENS_LOCK:
+                TOKENS[token] = user
+            self.send_json(200, {"token": token, "user": user})
+        elif path == "/me":
+            auth = self.headers.get("Authorization", "")
+            with TOKENS_LOCK:
+                user = TOKENS.get(auth[len("Bearer "):]) if auth.startswith("Bearer ") else None
+            if user is None:
+                self.send_json(401, {"error": "unauthorized"})
+            else:
+                self.send_json(200, {"user": user})
+        elif path == "/ids":
+            n = int(query.get("n", "3"))
+            self.send_json(200, {"ids": list(range(1, n + 1)), "count": n})
         elif path == "/headers":
             self.send_body(200, b'{"headers":true}', extra=[
                 ("Set-Cookie", "a=1"), ("X-Multi", "one"), ("Set-Cookie", "b=2"),

@@ -79,6 +79,8 @@ public struct JobRecord: Equatable, Sendable {
     public var error: NodeError?
     public var version: Int64
     public var progress: Progress
+    /// The job's `input` (API.md §6.1), kept apart from `request` so that reads without the request show it.
+    public var input: JSONValue? = nil
 
     public init(
         id: String, name: String? = nil, state: NodeState = .pending, createdAt: Int64, startedAt: Int64? = nil,

@@ -734,12 +734,15 @@ enum Rows {
         var progress = Progress()
         progress.total = s.int(8)
         for (k, state) in NodeState.allCases.enumerated() { progress[state] = s.int(Int32(9 + k)) }
-        return JobRecord(
+        var job = JobRecord(
             id: id, name: s.string(1), state: state, createdAt: s.int64(3), startedAt: s.optionalInt64(4),
             finishedAt: s.optionalInt64(5), request: try s.json(18, maxDepth: maxJSONDepth) ?? .null,
             metadata: try s.json(16, maxDepth: maxJSONDepth), deadlineMs: s.optionalInt(6),
             result: try s.json(17, maxDepth: maxJSONDepth), error: try error(s, 15), version: s.int64(7),
             progress: progress)
+        // The input is part of the submitted body; listings, which leave the body out, have none.
+        job.input = job.request["input"]
+        return job
     }
 
     /// Binds parameters 1–14.
