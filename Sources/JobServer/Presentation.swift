@@ -74,6 +74,8 @@ enum Presentation {
             JSONMember("error", node.error?.json ?? .null),
             JSONMember("recovered", .bool(node.recovered)),
         ]
+        // A fetch that has started shows what it sent, credentials masked.
+        if let request = node.request { members.append(JSONMember("request", RequestRecord.shown(request))) }
         if includeResult { members.append(JSONMember("result", node.result ?? .null)) }
         return .object(members)
     }

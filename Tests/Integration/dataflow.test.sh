@@ -30,6 +30,20 @@ expect_jq '.result[1].status' 200
 expect_jq '.result[1].body.user' ann
 expect_node "$login_job" login .result.token tok-ann
 
+step "a fetch shows the request it sent, credentials masked"
+api GET "/v1/jobs/$login_job/nodes/me"
+expect_status 200
+expect_jq .request.method GET
+expect_jq .request.url "$UPSTREAM/me"
+expect_jq .request.headers.Authorization '***'
+api GET "/v1/jobs/$login_job/nodes/login"
+expect_jq .request.method POST
+expect_jq '.request.headers["Content-Type"]' application/json
+expect_jq_true '.request | has("body") | not' "the body is not shown"
+api GET "/v1/jobs/$login_job/nodes"
+expect_jq '[.nodes[] | select(.id == "me") | .request.headers.Authorization][0]' '***'
+expect_jq '[.nodes[] | select(.id == "root") | has("request")][0]' false
+
 step "without the token the same fetch is refused upstream (the token really was sent)"
 submit "{\"graph\": {\"type\": \"fetch\", \"url\": \"$UPSTREAM/me\"}}"
 wait_settled "$JOB_ID" 20
@@ -148,5 +162,29 @@ expect_422 "{\"graph\": {$f, \"select\": \"body\"}}" /graph/select "must be a JS
 expect_422 "{\"graph\": {$f, \"query\": {\"a\": [1]}}}" /graph/query/a "must be a string, number, boolean or expression"
 big="$(head -c 70000 /dev/zero | tr '\0' x)"
 expect_422 "{\"input\": \"$big\", \"graph\": {$f}}" /input "64 KiB"
+
+# ------------------------------------------------------------------ restart
+step "a fetch in flight at kill -9 sends the same request after the restart"
+key="slow-$RANDOM"
+read -r -d '' body <<EOF || true
+{"input": {"x": "a/b"},
+ "graph": {"type": "sequence", "children": [
+   {"id": "login", "type": "fetch", "method": "POST", "url": "$UPSTREAM/login", "json": {"user": "bo"}, "select": "/body"},
+   {"id": "slow", "type": "fetch", "url": {"\$concat": ["$UPSTREAM/count/$key?delay_ms=3000&x=", {"\$ref": "/input/x"}]},
+    "headers": {"Authorization": {"\$concat": ["Bearer ", {"\$ref": "/nodes/login/result/token"}]}}}]}}
+EOF
+submit "$body"
+slow_job="$JOB_ID"
+wait_nodes_state "$slow_job" running slow
+before="$(node_field "$slow_job" slow .request)"
+[ "$(jq -r .url <<<"$before")" = "$UPSTREAM/count/$key?delay_ms=3000&x=a%2Fb" ] || fail "request before the kill: $before"
+kill -KILL "$SERVER_PID"
+wait "$SERVER_PID" 2>/dev/null || true
+start_server_on "$SERVER_DB"
+wait_settled "$slow_job" 30
+expect_jq .state succeeded
+after="$(node_field "$slow_job" slow .request)"
+[ "$before" = "$after" ] || fail "the request changed across the restart: $before then $after"
+[ "$(upstream_count "$key")" -ge 2 ] || fail "the fetch did not run again after the restart"
 
 log "all data-flow checks passed"

@@ -140,6 +140,7 @@ final class JobRun: @unchecked Sendable {
             return false
         }
         let request = resolvedRequests.removeValue(forKey: i) ?? written
+        nodes[i].request = RequestRecord.json(request, keepBody: graph.nodes[i].dataflow?.buildsBody == true)
         markRunning(i)
         let prior = priorAttempts[i] ?? 0
         let engine = self.engine
@@ -186,7 +187,7 @@ final class JobRun: @unchecked Sendable {
 
     private func methodAndURL(_ i: Int) -> String {
         guard case .fetch(let request) = graph.nodes[i].kind else { return graph.nodes[i].id }
-        return "\(request.method) \(request.url)"
+        return "\(request.method) \(nodes[i].request?["url"]?.stringValue ?? request.url)"
     }
 
     // MARK: - list

@@ -23,7 +23,10 @@ extension JobRun {
             }
         }
         guard case .fetch(let written) = graph.nodes[i].kind else { return nil }
-        if flow.buildsRequest {
+        // A fetch that had started before a restart sends what it sent then.
+        if let stored = nodes[i].request, let request = RequestRecord.request(from: stored, base: written) {
+            resolvedRequests[i] = request
+        } else if flow.buildsRequest {
             switch ExpressionResolver.request(written, flow, in: scope) {
             case .success(let request): resolvedRequests[i] = request
             case .failure(var error):

@@ -123,6 +123,8 @@ public struct NodeRecord: Equatable, Sendable {
     public var error: NodeError?
     public var recovered: Bool
     public var result: JSONValue?
+    /// For a fetch that has started: the request it sent, credentials included (API.md §6.3; see `RequestRecord`).
+    public var request: JSONValue? = nil
 
     public init(
         jobID: String, id: String, parent: String?, position: Int, type: String, state: NodeState = .pending,
