@@ -13,6 +13,12 @@ public enum ErrorKind: String, Sendable, CaseIterable {
     case allFailed = "all_failed"
     case interrupted
     case `internal`
+    /// A `$ref` or `select` found nothing and had no `default` (API.md §6.2).
+    case refUnresolved = "ref_unresolved"
+    /// A referenced value of the wrong type where a string is needed, or a header value with CR, LF or NUL.
+    case refType = "ref_type"
+    /// A url built from references is not an absolute http or https URL.
+    case invalidURL = "invalid_url"
 }
 
 /// A node's or job's failure, as clients see it:

@@ -138,6 +138,27 @@ paths:
         `Retry-After`; when the job store cannot write (disk full), it is
         `503 storage_unavailable` with `Retry-After`. Neither bad input nor a
         refused submission leaves a half-written job.
+
+        Data flow (API.md §6): a job may carry `input`; a fetch's `url`,
+        `headers` values, `query` values, `body` and `json`, and any node's
+        `recover`, may read it and the results of nodes that settle before
+        them through expressions (`Expression`); any node may `select` part of
+        its result. Example — log in, then use the token:
+
+        ```json
+        {"input": {"user": "ann"},
+         "graph": {"type": "sequence", "children": [
+           {"id": "login", "type": "fetch", "method": "POST", "url": "https://api.local/login",
+            "json": {"user": {"$ref": "/input/user"}}, "select": "/body"},
+           {"id": "me", "type": "fetch", "url": "https://api.local/me",
+            "headers": {"Authorization": {"$concat": ["Bearer ", {"$ref": "/nodes/login/result/token"}]}}}
+         ]}}
+        ```
+
+        `login` posts `{"user": "ann"}` and keeps only the response body
+        (`{"token": "…"}`) as its result; `me` starts after it and sends
+        `Authorization: Bearer <token>`. `GET /v1/jobs/{id}/nodes/me` then
+        shows its `request` with that header as `"***"`.
       parameters:
         - $ref: "#/components/parameters/IdempotencyKey"
       requestBody:
@@ -1046,6 +1067,12 @@ components:
             Any JSON object up to 16 KiB (measured as its compact JSON
             serialisation), stored and echoed back unchanged.
           type: object
+        input:
+          description: |
+            Any JSON value up to 64 KiB (compact JSON), echoed in the job
+            object. Nodes read it as `/input` in `$ref` expressions (API.md
+            §6.1). It is data: expressions inside it are neither read nor
+            refused.
 
     NodeId:
       description: |
@@ -1069,7 +1096,108 @@ components:
       description: |
         Any JSON value (also `null`: the key's presence counts). If the node
         fails (not when it is cancelled or skipped), it succeeds with this value
-        instead and reports `"recovered": true`.
+        instead and reports `"recovered": true`. Expressions may stand anywhere
+        inside it (see `Expression`); they are resolved when the node starts.
+        If one of them finds nothing (and has no `default`), the node fails
+        with kind `ref_unresolved` and is not recovered.
+
+    Select:
+      description: |
+        A JSON Pointer (RFC 6901) applied to the node's result when it
+        succeeds, before the result is stored, returned or read by other
+        nodes (`"/body/items"`; `""` is the whole result). Nothing there: the
+        node fails with kind `ref_unresolved` (its `recover` then applies).
+      type: string
+      pattern: "^(/([^~]|~[01])*)*$"
+
+    # ---------------------------------------------------------------- expressions
+    Expression:
+      description: |
+        An expression (API.md §6.2), read in a fetch's `url`, `headers`
+        values, `query` values, `body` and anywhere inside `json`, and anywhere
+        inside a node's `recover`. Anywhere else (ids, types, flags, numbers,
+        header names, `name`, `deadline_ms`, a whole `headers` or `query`
+        object, a node) it is refused with `422` at its JSON Pointer. An object
+        with a `$ref`, `$concat` or `$literal` member and any other member (but
+        `default` beside `$ref`) is refused too: wrap such an object in
+        `$literal` to send it as is.
+
+        Checked at submit (`422`, `path` at the expression): the pointer is
+        valid RFC 6901 and starts with `/input` or `/nodes/<id>` (`/item` and
+        `/index` are refused: they exist only inside a map template), and
+        `<id>` names a node certain to have settled before the reading node
+        starts: an earlier child of a `sequence` that contains the reading
+        node, or a descendant of such a child. A sibling in a `list`, the node
+        itself, its descendants, the nodes that contain it, later nodes and
+        unknown ids are refused, with a message that names the node read and
+        why it may not have settled.
+
+        Resolved just before the node starts, against the scope
+        `{"input": …, "nodes": {"<id>": {"state", "result", "error", "status"}}}`
+        (a node has `result` only once it succeeded, `error` once it failed or
+        was cancelled, `status` once a fetch got a response). Nothing at the
+        pointer and no `default`: the node fails with kind `ref_unresolved`
+        (the message names the pointer and the first missing segment) and
+        makes no request. A whole-value `$ref` in `json` or `recover` inserts
+        the value as it is (numbers with their literal text). Where a string is
+        needed (`url`, a `headers` or `query` value, `body`, a `$concat` part)
+        the value must be a string, number or boolean (its JSON text, strings
+        unquoted), else kind `ref_type`; a header value with CR, LF or NUL is
+        `ref_type` too. In `url`, every part that comes from a `$ref` is
+        percent-encoded as one URI component (RFC 3986 unreserved characters
+        kept), so it cannot add a path segment, a query or a fragment; the
+        finished URL (with `query`) is checked like a submitted one and a bad
+        one fails the node with kind `invalid_url`. Parts without any `$ref`
+        (a `$concat` of strings, a `$literal`) are folded at submit and
+        checked there like written values.
+      oneOf:
+        - $ref: "#/components/schemas/RefExpression"
+        - $ref: "#/components/schemas/ConcatExpression"
+        - $ref: "#/components/schemas/LiteralExpression"
+
+    RefExpression:
+      description: |
+        `{"$ref": "/nodes/login/result/body/token"}`: the value at that JSON
+        Pointer in the scope; an optional `default` (any JSON value) is used
+        when nothing is there.
+      type: object
+      required: ["$ref"]
+      patternProperties:
+        "^[$]ref$":
+          type: string
+          pattern: "^/(input|nodes/([^~/]|~[01])+)(/([^~]|~[01])*)*$"
+        "^default$": {}
+      additionalProperties: false
+
+    ConcatExpression:
+      description: "`{\"$concat\": [part, …]}`: a string, each part (a string or a `$ref`) joined."
+      type: object
+      required: ["$concat"]
+      patternProperties:
+        "^[$]concat$":
+          type: array
+          items:
+            oneOf:
+              - type: string
+              - $ref: "#/components/schemas/RefExpression"
+      additionalProperties: false
+
+    LiteralExpression:
+      description: |
+        `{"$literal": value}`: the value itself, unevaluated (to send an object
+        that has a `$ref` key). In a string position it must hold a string,
+        number or boolean.
+      type: object
+      required: ["$literal"]
+      patternProperties:
+        "^[$]literal$": {}
+      additionalProperties: false
+
+    StringOrExpression:
+      description: a string, or an expression that makes one (see `Expression`)
+      oneOf:
+        - type: string
+        - $ref: "#/components/schemas/Expression"
 
     GraphNode:
       description: A node of the job graph; `type` says which kind.
@@ -1101,6 +1229,8 @@ components:
           $ref: "#/components/schemas/TimeoutMs"
         recover:
           $ref: "#/components/schemas/Recover"
+        select:
+          $ref: "#/components/schemas/Select"
         url:
           description: |
             An absolute `http://` or `https://` URL (scheme case-insensitive);
@@ -1112,11 +1242,32 @@ components:
             reach this host, also as `127.0.0.1` and `::1` (refused whenever a
             denied range holds either). A denied address fails with kind
             `connect`, not retried.
-          type: string
-          format: uri
-          minLength: 8
-          maxLength: 8192
-          pattern: "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\\s]+[^\\s]*$"
+            The URL may also be an expression
+            that builds one, e.g.
+            `{"$concat": ["https://api.local/users/", {"$ref": "/input/id"}]}`:
+            each `$ref` part is percent-encoded as one URI component, and the
+            finished URL is checked when the node starts (kind `invalid_url`).
+          oneOf:
+            - type: string
+              format: uri
+              minLength: 8
+              maxLength: 8192
+              pattern: "^[Hh][Tt][Tt][Pp][Ss]?://[^/?#\\s]+[^\\s]*$"
+            - $ref: "#/components/schemas/Expression"
+        query:
+          description: |
+            Name → string, number, boolean or expression: appended to the
+            URL's query (after any query the URL has, before its fragment), in
+            the given order, names and values percent-encoded by the server.
+            Numbers keep their JSON text, booleans are `true`/`false`. Names
+            must not be empty.
+          type: object
+          propertyNames:
+            minLength: 1
+          additionalProperties:
+            oneOf:
+              - type: [string, number, boolean]
+              - $ref: "#/components/schemas/Expression"
         method:
           type: string
           enum: [GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS]
@@ -1124,23 +1275,29 @@ components:
         headers:
           description: |
             Request header fields, name → value. Names are HTTP tokens; values
-            must not contain CR, LF or NUL.
+            must not contain CR, LF or NUL. A value may be an expression (a
+            resolved value with CR, LF or NUL fails the node with kind
+            `ref_type`).
           type: object
           default: {}
           propertyNames:
             pattern: "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
           additionalProperties:
-            type: string
-            pattern: "^[^\\r\\n\\x00]*$"
+            oneOf:
+              - type: string
+                pattern: "^[^\\r\\n\\x00]*$"
+              - $ref: "#/components/schemas/Expression"
         body:
           description: |
             A request body sent as is (not with `json`), with no `Content-Type`
-            unless `headers` gives one.
-          type: string
+            unless `headers` gives one. May be an expression that makes a string.
+          $ref: "#/components/schemas/StringOrExpression"
         json:
           description: |
             Any JSON value, sent as the request body with
-            `Content-Type: application/json` (not with `body`).
+            `Content-Type: application/json` (not with `body`). Expressions may
+            stand anywhere inside it; a whole-value `$ref` inserts the value
+            found as it is.
         expect:
           description: |
             How to read the response body: `json` (invalid JSON fails with kind
@@ -1230,6 +1387,8 @@ components:
           $ref: "#/components/schemas/TimeoutMs"
         recover:
           $ref: "#/components/schemas/Recover"
+        select:
+          $ref: "#/components/schemas/Select"
         children:
           type: array
           minItems: 1
@@ -1274,6 +1433,8 @@ components:
           $ref: "#/components/schemas/TimeoutMs"
         recover:
           $ref: "#/components/schemas/Recover"
+        select:
+          $ref: "#/components/schemas/Select"
         children:
           type: array
           minItems: 1
@@ -1393,6 +1554,10 @@ components:
         metadata:
           description: the submitted `metadata`, unchanged, or `null`
           type: [object, "null"]
+        input:
+          description: |
+            the submitted `input`, unchanged; present only on a job that was
+            given one, and (like `result`) not in lists
         version:
           description: grows by at least one at every change of any node's state
           type: integer
@@ -1468,6 +1633,27 @@ components:
         recovered:
           description: true when the node failed and succeeded with its `recover` value
           type: boolean
+        request:
+          description: |
+            Present once a fetch has started (API.md §6.3): the method, the URL
+            (resolved, with `query`) and the headers actually sent — the
+            node's headers, resolved, plus the `Content-Type` the server adds
+            to a `json` body — with the values of `Authorization`, `Cookie`
+            and `Proxy-Authorization` (any case) shown as `"***"`. It is
+            stored with the node, so a fetch run again after a restart sends
+            the same request.
+          type: object
+          additionalProperties: false
+          required: [method, url, headers]
+          properties:
+            method:
+              type: string
+            url:
+              type: string
+            headers:
+              type: object
+              additionalProperties:
+                type: string
         result:
           description: the node's result once it succeeded, else `null`; present only with `include=result` or for one node
     NodeWithResult:
@@ -1502,7 +1688,11 @@ components:
             this server could not open a socket (out of file descriptors,
             buffers or local ports); retried like `connect`. `internal` is a
             bug of the server.
-          enum: [http_status, timeout, connect, dns, tls, too_large, too_many_redirects, resource_exhausted, invalid_json, cancelled, all_failed, interrupted, internal]
+            `ref_unresolved`: a `$ref` (without `default`) or `select` found
+            nothing; `ref_type`: a value of the wrong type where a string is
+            needed, or a header value with CR, LF or NUL; `invalid_url`: a URL
+            built from references is not an absolute http/https URL.
+          enum: [http_status, timeout, connect, dns, tls, too_large, too_many_redirects, resource_exhausted, invalid_json, cancelled, all_failed, interrupted, internal, ref_unresolved, ref_type, invalid_url]
         message:
           type: string
         node:

@@ -52,8 +52,10 @@ enum Presentation {
         members += [
             JSONMember("error", job.error?.json ?? .null),
             JSONMember("metadata", job.metadata ?? .null),
-            JSONMember("version", .int(job.version)),
         ]
+        // Only a job given an input shows it, and like `result` only on the job itself, not in listings.
+        if includeResult, let input = job.input { members.append(JSONMember("input", input)) }
+        members.append(JSONMember("version", .int(job.version)))
         return .object(members)
     }
 
@@ -75,6 +77,8 @@ enum Presentation {
             JSONMember("error", node.error?.json ?? .null),
             JSONMember("recovered", .bool(node.recovered)),
         ]
+        // A fetch that has started shows what it sent, credentials masked.
+        if let request = node.request { members.append(JSONMember("request", RequestRecord.shown(request))) }
         if includeResult { members.append(JSONMember("result", node.result ?? .null)) }
         return .object(members)
     }

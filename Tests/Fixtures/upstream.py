@@ -26,7 +26,7 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          (?fail_status=429 to choose the status,
                          ?retry_after=S adds Retry-After: S); ?delay_ms=D
                          sleeps D ms before answering
-  /echo                  200 {"method","path","query","headers":{lowercased
+  /echo, /echo/*         200 {"method","path","query","headers":{lowercased
                          name: value},"body":"<utf8 text>"}
   /headers               200 with two Set-Cookie, two X-Multi and an X-Upper header
   /gzip/json             200 application/json {"gzipped":true}, gzip-encoded
@@ -44,6 +44,11 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          KiB each (default 50)
   /close                 reads the request, closes without answering
   /garbage               answers bytes that are not HTTP, then closes
+  POST /login            body {"user": U, …}: 200 {"token": "tok-U", "user": U}
+                         (the token is remembered); 400 without a string user
+  /me                    200 {"user": U} with `Authorization: Bearer <a token
+                         /login gave>`; else 401 {"error": "unauthorized"}
+  /ids?n=N               200 {"ids": [1, …, N], "count": N} (N defaults to 3)
   GET /stats             {"counters":{key:n},"requests":total,"connections":
                          connections accepted (this request's own included),
                          "active":in flight,
@@ -67,6 +72,11 @@ import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+
+# Tokens handed out by /login, for /me.
+TOKENS = {}
+TOKENS_LOCK = threading.Lock()
 
 
 class Stats:
@@ -297,7 +307,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(302, {"redirect": query.get("url", "")}, extra=[("Location", query.get("url", "/"))])
         elif segments[1] == "count" and arg:
             self.count(arg, query, path)
-        elif path == "/echo":
+        elif path == "/echo" or path.startswith("/echo/"):
             headers = {}
             for name, value in self.headers.items():
                 key = name.lower()
@@ -309,6 +319,29 @@ class Handler(BaseHTTPRequestHandler):
                 "headers": headers,
                 "body": body.decode("utf-8", errors="replace"),
             })
+        elif path == "/login" and self.command == "POST":
+            try:
+                user = json.loads(body.decode("utf-8")).get("user")
+            except (ValueError, AttributeError):
+                user = None
+            if not isinstance(user, str):
+                self.send_json(400, {"error": "a string user is required"})
+                return
+            token = "tok-" + user
+            with TOKENS_LOCK:
+                TOKENS[token] = user
+            self.send_json(200, {"token": token, "user": user})
+        elif path == "/me":
+            auth = self.headers.get("Authorization", "")
+            with TOKENS_LOCK:
+                user = TOKENS.get(auth[len("Bearer "):]) if auth.startswith("Bearer ") else None
+            if user is None:
+                self.send_json(401, {"error": "unauthorized"})
+            else:
+                self.send_json(200, {"user": user})
+        elif path == "/ids":
+            n = int(query.get("n", "3"))
+            self.send_json(200, {"ids": list(range(1, n + 1)), "count": n})
         elif path == "/headers":
             self.send_body(200, b'{"headers":true}', extra=[
                 ("Set-Cookie", "a=1"), ("X-Multi", "one"), ("Set-Cookie", "b=2"),

@@ -268,9 +268,10 @@ public final class Engine: @unchecked Sendable {
         var progress = Progress()
         progress.total = spec.graph.nodes.count
         progress.pending = spec.graph.nodes.count
-        let job = JobRecord(
+        var job = JobRecord(
             id: id, name: spec.name, state: .pending, createdAt: now, request: request, metadata: spec.metadata,
             deadlineMs: spec.deadlineMs, version: 1, progress: progress)
+        job.input = spec.input
         let nodes = spec.graph.nodes.map { node in
             NodeRecord(
                 jobID: id, id: node.id, parent: node.parent.map { spec.graph.nodes[$0].id }, position: node.index,

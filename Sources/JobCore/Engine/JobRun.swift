@@ -31,6 +31,8 @@ final class JobRun: @unchecked Sendable {
     var dirtyNodes: Set<Int> = []
     var dirtyJob = false
     var pendingBodies: [(jobID: String, nodeID: String, body: StoredBody)] = []
+    /// Requests built from references when their node started, until their transfer begins (API.md §6.2).
+    var resolvedRequests: [Int: FetchRequest] = [:]
 
     init(engine: Engine, graph: JobGraph, record: JobRecord, nodes: [NodeRecord]) {
         self.engine = engine
@@ -81,24 +83,28 @@ final class JobRun: @unchecked Sendable {
         if nodes[i].state.isSettled { return restoredDeferred(i) }
         let node = graph.nodes[i]
         let inner: Deferred
+        var recover = node.recover
         if interrupted.contains(i) {
             inner = Deferred.withError(
                 NodeError(.interrupted, "\(methodAndURL(i)) was in flight when the server stopped", node: node.id))
+        } else if let failure = resolveExpressions(i, recover: &recover) {
+            inner = Deferred.withError(failure)
         } else {
             switch node.kind {
-            case .fetch(let request): inner = startFetch(i, request)
+            case .fetch(let request): inner = startFetch(i, resolvedRequests[i] ?? request)
             case .list(let options): inner = startList(i, options)
             case .sequence(let options): inner = startSequence(i, options)
             }
         }
         deferreds[i] = inner
+        if let path = node.dataflow?.select { inner.then(JobRun.selecting(path, node: node.id)) }
         if let timeout = node.timeoutMs {
             let nodeID = node.id
             inner.timeout(afterMilliseconds: timeout, scheduler: engine.scheduler) {
                 NodeError(.timeout, "node \(nodeID) did not settle within \(timeout) ms", node: nodeID)
             }
         }
-        if let value = node.recover {
+        if let value = recover {
             inner.fail { [unowned self] failure in
                 if JobRun.isCancellation(failure) { return failure }
                 self.nodes[i].recovered = true
@@ -144,9 +150,11 @@ final class JobRun: @unchecked Sendable {
 
     /// Called by the engine when the fetch queue gives node `i` a transfer slot; false if it is no longer wanted.
     func beginTransfer(_ i: Int, host: String) -> Bool {
-        guard !stopping, let d = deferreds[i], !d.isCalled, case .fetch(let request) = graph.nodes[i].kind else {
+        guard !stopping, let d = deferreds[i], !d.isCalled, case .fetch(let written) = graph.nodes[i].kind else {
             return false
         }
+        let request = resolvedRequests.removeValue(forKey: i) ?? written
+        nodes[i].request = RequestRecord.json(request, keepBody: graph.nodes[i].dataflow?.buildsBody == true)
         markRunning(i)
         let prior = priorAttempts[i] ?? 0
         let engine = self.engine
@@ -193,7 +201,7 @@ final class JobRun: @unchecked Sendable {
 
     private func methodAndURL(_ i: Int) -> String {
         guard case .fetch(let request) = graph.nodes[i].kind else { return graph.nodes[i].id }
-        return "\(request.method) \(request.url)"
+        return "\(request.method) \(nodes[i].request?["url"]?.stringValue ?? request.url)"
     }
 
     // MARK: - list

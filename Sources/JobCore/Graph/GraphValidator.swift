@@ -96,11 +96,17 @@ struct IssueCollector {
 
     mutating func add(_ spot: Spot, _ message: String) {
         guard firstDropped == nil else { return }
+        add(pointer(spot), message, key: key(spot))
+    }
+
+    /// An issue whose pointer and document position were spelled out already (the data-flow checks' issues).
+    mutating func add(_ pointer: String, _ message: String, key: [Int]) {
+        guard firstDropped == nil else { return }
         if collected.count >= IssueCollector.maxIssues {
-            firstDropped = ValidationIssue(pointer: pointer(spot), message: message)
+            firstDropped = ValidationIssue(pointer: pointer, message: message)
             return
         }
-        collected.append((key(spot), ValidationIssue(pointer: pointer(spot), message: message)))
+        collected.append((key, ValidationIssue(pointer: pointer, message: message)))
     }
 
     /// The error to throw, or `nil` when nothing was wrong.

@@ -174,6 +174,8 @@ public struct GraphNode: Equatable, Sendable {
     public var timeoutMs: Int?
     /// The value the node succeeds with if it fails; `nil` is no recovery, `.some(.null)` recovers with `null`.
     public var recover: JSONValue?
+    /// What the node reads from earlier nodes and the job's input, and its `select` (API.md §6); `nil` for none.
+    public var dataflow: NodeDataflow?
 
     /// A node; `children` are filled in as they are added.
     public init(
@@ -286,6 +288,8 @@ public struct JobSpec: Equatable, Sendable {
     public var metadata: JSONValue?
     /// The job's tree.
     public var graph: JobGraph
+    /// The job's `input`, which nodes read as `/input` (API.md §6.1).
+    public var input: JSONValue?
 
     /// A job spec from parts already validated.
     public init(name: String? = nil, deadlineMs: Int? = nil, metadata: JSONValue? = nil, graph: JobGraph) {
@@ -306,9 +310,13 @@ public struct JobSpec: Equatable, Sendable {
     /// - Throws: `ValidationError` with every problem (at most 100, then one saying more were left out).
     public static func parse(_ body: JSONValue, limits: Limits = Limits()) throws -> JobSpec {
         var validator = GraphValidator(limits: limits)
-        let spec = validator.validate(body)
+        var dataflow = DataflowParser(limits: limits)
+        dataflow.parse(body)
+        for issue in dataflow.issues { validator.issues.add(issue.pointer, issue.message, key: issue.key) }
+        let spec = validator.validate(dataflow.body)
         if let error = validator.issues.finish() { throw error }
-        guard let spec else { throw ValidationError(issues: [ValidationIssue(pointer: "", message: "invalid job")]) }
+        guard var spec else { throw ValidationError(issues: [ValidationIssue(pointer: "", message: "invalid job")]) }
+        try spec.attachDataflow(dataflow)
         return spec
     }
 }

@@ -79,6 +79,8 @@ public struct JobRecord: Equatable, Sendable {
     public var error: NodeError?
     public var version: Int64
     public var progress: Progress
+    /// The job's `input` (API.md §6.1), kept apart from `request` so that reads without the request show it.
+    public var input: JSONValue? = nil
 
     public init(
         id: String, name: String? = nil, state: NodeState = .pending, createdAt: Int64, startedAt: Int64? = nil,
@@ -121,6 +123,8 @@ public struct NodeRecord: Equatable, Sendable {
     public var error: NodeError?
     public var recovered: Bool
     public var result: JSONValue?
+    /// For a fetch that has started: the request it sent, credentials included (API.md §6.3; see `RequestRecord`).
+    public var request: JSONValue? = nil
 
     public init(
         jobID: String, id: String, parent: String?, position: Int, type: String, state: NodeState = .pending,

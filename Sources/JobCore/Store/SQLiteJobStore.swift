@@ -989,9 +989,9 @@ enum Columns {
     static let jobCount: Int32 = 19
 
     static let node = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, elapsed_ms, "
-        + "status, recovered, error, result"
+        + "status, recovered, error, result, request"
     static let nodeWithoutResult = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, "
-        + "elapsed_ms, status, recovered, error, NULL"
+        + "elapsed_ms, status, recovered, error, NULL, request"
 
     /// `columns` with each name qualified by `table`.
     static func prefixed(_ table: String, _ columns: String) -> String {
@@ -1007,10 +1007,10 @@ enum SQL {
         + "deadline_ms = ?7, version = ?8, p_total = ?9, p_pending = ?10, p_running = ?11, p_succeeded = ?12, "
         + "p_failed = ?13, p_cancelled = ?14, p_skipped = ?15, error = ?16, metadata = ?17, result = ?18 WHERE id = ?1"
     static let insertNode = "INSERT INTO nodes (\(Columns.node)) VALUES ("
-        + (1...14).map { "?\($0)" }.joined(separator: ", ") + ")"
+        + (1...15).map { "?\($0)" }.joined(separator: ", ") + ")"
     static let updateNode = "UPDATE nodes SET id = ?3, parent = ?4, type = ?5, state = ?6, attempts = ?7, "
         + "started_at = ?8, finished_at = ?9, elapsed_ms = ?10, status = ?11, recovered = ?12, error = ?13, "
-        + "result = ?14 WHERE job_id = ?1 AND position = ?2"
+        + "result = ?14, request = ?15 WHERE job_id = ?1 AND position = ?2"
     /// Bodies of deleted jobs are not kept.
     static let upsertBody = "INSERT OR REPLACE INTO bodies (job_id, node_id, content_type, bytes) "
         + "SELECT ?1, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM jobs WHERE id = ?1)"
@@ -1059,16 +1059,19 @@ enum Rows {
         var progress = Progress()
         progress.total = s.int(8)
         for (k, state) in NodeState.allCases.enumerated() { progress[state] = s.int(Int32(9 + k)) }
-        return JobRecord(
+        var job = JobRecord(
             id: id, name: s.string(1), state: state, createdAt: s.int64(3), startedAt: s.optionalInt64(4),
             // Reads never show the request; one that cannot be read fails only the rebuild of its job.
             finishedAt: s.optionalInt64(5), request: (try? s.json(18, maxDepth: maxJSONDepth)) ?? .null,
             metadata: try s.json(16, maxDepth: maxJSONDepth), deadlineMs: s.optionalInt(6),
             result: try s.json(17, maxDepth: maxJSONDepth), error: try error(s, 15), version: s.int64(7),
             progress: progress)
+        // The input is part of the submitted body; listings, which leave the body out, have none.
+        job.input = job.request["input"]
+        return job
     }
 
-    /// Binds parameters 1–14.
+    /// Binds parameters 1–15.
     static func bind(_ node: NodeRecord, jobID: String, to statement: SQLiteStatement) {
         statement.bind(1, jobID)
         statement.bind(2, node.position)
@@ -1084,17 +1087,20 @@ enum Rows {
         statement.bind(12, node.recovered)
         statement.bind(13, json: node.error?.json)
         statement.bind(14, json: node.result)
+        statement.bind(15, json: node.request)
     }
 
     static func node(_ s: SQLiteStatement) throws -> NodeRecord {
         guard let jobID = s.string(0), let id = s.string(2), let type = s.string(4) else {
             throw StoreError(.corrupt, "node without job id, id or type")
         }
-        return NodeRecord(
+        var node = NodeRecord(
             jobID: jobID, id: id, parent: s.string(3), position: s.int(1), type: type, state: try state(s, 5),
             attempts: s.int(6), startedAt: s.optionalInt64(7), finishedAt: s.optionalInt64(8),
             elapsedMs: s.optionalInt(9), status: s.optionalInt(10), error: try error(s, 12),
             recovered: s.int64(11) != 0, result: try s.json(13, maxDepth: maxJSONDepth))
+        node.request = try s.json(14, maxDepth: maxJSONDepth)
+        return node
     }
 
     private static func state(_ s: SQLiteStatement, _ column: Int32) throws -> NodeState {

@@ -64,6 +64,8 @@ enum StoreSchema {
             PRIMARY KEY (job_id, node_id)
         );
         """,
+        // 2: the request a fetch sent, so that it is shown on node reads and sent again unchanged after a restart.
+        "ALTER TABLE nodes ADD COLUMN request TEXT;",
     ]
 
     /// The version a fully migrated database has.

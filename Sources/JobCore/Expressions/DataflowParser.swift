@@ -1,0 +1,592 @@
+// Submit-time reading of API.md §6: `input`, `query`, `select` and the
+// expressions of §6.2, wherever §6.3 lets them stand.
+//
+// It runs before `GraphValidator` and hands it the body with the new fields
+// taken out and each expression replaced by what the validator expects there
+// (a string, or the folded constant), so the validator keeps checking exactly
+// the v1 fields. It walks the graph in the same pre-order, so node `k` of its
+// `nodes` is node `k` of the validated graph whenever the graph is valid.
+//
+// Decisions where API.md is silent:
+// - An object with a `$ref`, `$concat` or `$literal` member and any other
+//   member (but `default` beside `$ref`) is refused, not taken as a literal:
+//   `{"$literal": …}` is the way to send such an object.
+// - `$concat` parts are strings or `$ref`s only; `$literal` in a string
+//   position must hold a string, number or boolean (its JSON text).
+// - `input` and `metadata` are data: expressions in them are not read, and
+//   not refused.
+// - A part built only from constants (`{"$concat": ["a", "b"]}`, `$literal`)
+//   is folded at submit and checked there like a written value.
+// - `query` names are non-empty strings; values are strings, numbers,
+//   booleans or expressions (numbers keep their JSON text).
+
+/// A `$ref` to a node, kept to check at submit that the node settles before its reader starts.
+struct NodeReference: Equatable {
+    /// Pre-order index of the node whose field holds the expression.
+    var reader: Int
+    /// JSON Pointer of the expression in the request body.
+    var pointer: String
+    /// Document position, for ordering issues.
+    var key: [Int]
+    /// The node read.
+    var nodeID: String
+}
+
+/// An issue found by this pass, placed in document order like the validator's.
+struct KeyedIssue {
+    var pointer: String
+    var message: String
+    var key: [Int]
+}
+
+/// The new fields of a submitted body, read before the v1 validation.
+struct DataflowParser {
+    static let maxInputBytes = 64 * 1024
+    static let urlPlaceholder = "http://expression.invalid/"
+    static let forbiddenMessage =
+        "an expression cannot stand here: $ref, $concat and $literal are read only in a fetch's url, headers values, "
+        + "query values, body and json, and in recover"
+
+    let limits: GraphLimits
+    /// The body to hand to `GraphValidator`.
+    private(set) var body: JSONValue = .null
+    private(set) var issues: [KeyedIssue] = []
+    private(set) var input: JSONValue?
+    /// What each node reads or selects, by pre-order index; only nodes that have something.
+    private(set) var dataflow: [Int: NodeDataflow] = [:]
+    private(set) var references: [NodeReference] = []
+
+    /// The node being read; set while its fields are parsed.
+    private var reader = 0
+
+    init(limits: GraphLimits) {
+        self.limits = limits
+    }
+
+    // MARK: - Top level
+
+    /// Reads `body`; afterwards `body` is what the validator should see.
+    mutating func parse(_ submitted: JSONValue) {
+        body = submitted
+        guard case .object(let members) = submitted else { return }
+        var kept: [JSONMember] = []
+        kept.reserveCapacity(members.count)
+        var changed = false
+        var sawInput = false
+        for (position, member) in members.enumerated() {
+            let pointer = "/" + JSONPointer.escape(member.key)
+            let key = [position]
+            switch member.key {
+            case "input":
+                changed = true
+                if sawInput {
+                    issue(pointer, "duplicate field", key)
+                    continue
+                }
+                sawInput = true
+                if let size = compactSize(member.value, limit: DataflowParser.maxInputBytes),
+                    size <= DataflowParser.maxInputBytes
+                {
+                    input = member.value
+                } else {
+                    issue(pointer, "must be at most \(DataflowParser.maxInputBytes) bytes (64 KiB) as compact JSON", key)
+                }
+            case "graph":
+                let graph = walkGraph(member.value, pointer: pointer, key: key)
+                if graph.changed { changed = true }
+                kept.append(JSONMember(member.key, graph.value))
+            case "metadata":
+                kept.append(member)
+            default:
+                scanForbidden(member.value, pointer, key)
+                kept.append(member)
+            }
+        }
+        if changed { body = .object(kept) }
+    }
+
+    // MARK: - The tree
+
+    private struct Entry {
+        var value: JSONValue
+        /// The node's members after this pass, when any changed.
+        var members: [JSONMember]?
+        /// Position of `children` among the members, and each walked child's (array position, entry).
+        var childrenMember: Int?
+        var children: [(position: Int, entry: Int)] = []
+    }
+
+    private struct Frame {
+        var value: JSONValue
+        var pointer: String
+        var key: [Int]
+        var depth: Int
+        var parent: Int?
+        var position: Int
+    }
+
+    /// Walks the nodes in the validator's pre-order and rebuilds the ones that changed, children first.
+    private mutating func walkGraph(_ root: JSONValue, pointer: String, key: [Int]) -> (value: JSONValue, changed: Bool) {
+        var entries: [Entry] = []
+        var stack = [Frame(value: root, pointer: pointer, key: key, depth: 1, parent: nil, position: 0)]
+        while let frame = stack.popLast() {
+            // Past the limits the validator refuses the job and looks no further; neither does this pass.
+            if frame.depth > limits.maxDepth { continue }
+            if entries.count >= limits.maxNodes { break }
+            let index = entries.count
+            if let parent = frame.parent { entries[parent].children.append((frame.position, index)) }
+            reader = index
+            var entry = Entry(value: frame.value)
+            if case .object(let members) = frame.value {
+                let result = node(members, pointer: frame.pointer, key: frame.key, index: index)
+                entry.members = result.members
+                if let children = result.children {
+                    entry.childrenMember = children.member
+                    // Only the nodes the validator will look at: it stops at the first past `maxNodes`.
+                    let budget = max(0, limits.maxNodes - entries.count - stack.count)
+                    for position in children.elements.indices.prefix(budget).reversed() {
+                        stack.append(
+                            Frame(
+                                value: children.elements[position],
+                                pointer: frame.pointer + "/children/\(position)",
+                                key: frame.key + [children.member, position], depth: frame.depth + 1, parent: index,
+                                position: position))
+                    }
+                }
+            }
+            entries.append(entry)
+        }
+        guard !entries.isEmpty else { return (root, false) }
+
+        // Children come after their parent in pre-order, so a backward pass sees every child first.
+        var changed = Array(repeating: false, count: entries.count)
+        var finished = Array(repeating: JSONValue.null, count: entries.count)
+        for i in entries.indices.reversed() {
+            let entry = entries[i]
+            let childChanged = entry.children.contains { changed[$0.entry] }
+            guard entry.members != nil || childChanged, case .object(let original) = entry.value else {
+                finished[i] = entry.value
+                continue
+            }
+            var members = entry.members ?? original
+            if childChanged, let member = entry.childrenMember,
+                let k = members.firstIndex(where: { $0.key == "children" }), case .array(var elements) = original[member].value
+            {
+                for child in entry.children { elements[child.position] = finished[child.entry] }
+                members[k].value = .array(elements)
+            }
+            for child in entry.children { finished[child.entry] = .null }
+            changed[i] = true
+            finished[i] = .object(members)
+        }
+        return (finished[0], changed[0])
+    }
+
+    /// Reads one node's new fields; returns its members when any changed, and its children to walk.
+    private mutating func node(_ members: [JSONMember], pointer base: String, key nodeKey: [Int], index: Int)
+        -> (members: [JSONMember]?, children: (member: Int, elements: [JSONValue])?)
+    {
+        if DataflowParser.isExpression(members) {
+            issue(base, "a node cannot be an expression", nodeKey)
+            return (nil, nil)
+        }
+        let type = members.first(where: { $0.key == "type" })?.value.stringValue
+        let isFetch = type == "fetch"
+        var flow = NodeDataflow()
+        var out: [JSONMember] = []
+        out.reserveCapacity(members.count)
+        var changed = false
+        var children: (member: Int, elements: [JSONValue])?
+        var sawSelect = false
+        var sawQuery = false
+
+        for (position, member) in members.enumerated() {
+            let pointer = base + "/" + JSONPointer.escape(member.key)
+            let key = nodeKey + [position]
+            let value = member.value
+            switch member.key {
+            case "select":
+                changed = true
+                if sawSelect {
+                    issue(pointer, "duplicate field", key)
+                    continue
+                }
+                sawSelect = true
+                if let text = value.stringValue, let path = JSONPointerPath(text) {
+                    flow.select = path
+                } else {
+                    issue(pointer, "must be a JSON Pointer (RFC 6901): \"\" or a path such as \"/body/items\"", key)
+                }
+                continue
+            case "query" where isFetch:
+                changed = true
+                if sawQuery {
+                    issue(pointer, "duplicate field", key)
+                    continue
+                }
+                sawQuery = true
+                flow.query = query(value, pointer, key)
+                continue
+            case "url" where isFetch:
+                if case .object(let fields) = value {
+                    changed = true
+                    guard DataflowParser.isExpression(fields) else {
+                        issue(pointer, "must be a string (an absolute http or https URL) or an expression", key)
+                        out.append(JSONMember(member.key, .string(DataflowParser.urlPlaceholder)))
+                        continue
+                    }
+                    let template = stringExpression(fields, pointer, key, scalars: true)
+                    if let constant = template?.constant {
+                        out.append(JSONMember(member.key, .string(constant)))
+                    } else {
+                        flow.url = template
+                        out.append(JSONMember(member.key, .string(DataflowParser.urlPlaceholder)))
+                    }
+                    continue
+                }
+            case "headers" where isFetch:
+                if case .object(let headers) = value {
+                    if DataflowParser.isExpression(headers) {
+                        issue(pointer, DataflowParser.forbiddenMessage, key)
+                        continue
+                    }
+                    if let rewritten = self.headers(headers, pointer, key, into: &flow) {
+                        changed = true
+                        out.append(JSONMember(member.key, .object(rewritten)))
+                        continue
+                    }
+                } else {
+                    scanForbidden(value, pointer, key)
+                }
+            case "body" where isFetch:
+                if case .object(let fields) = value, DataflowParser.isExpression(fields) {
+                    changed = true
+                    let template = stringExpression(fields, pointer, key, scalars: true)
+                    if let constant = template?.constant {
+                        out.append(JSONMember(member.key, .string(constant)))
+                    } else {
+                        flow.body = template
+                        out.append(JSONMember(member.key, .string("")))
+                    }
+                    continue
+                }
+                scanForbidden(value, pointer, key)
+            case "json" where isFetch, "recover":
+                let (template, touched) = valueTemplate(value, pointer, key)
+                if touched {
+                    changed = true
+                    if let constant = template.constant {
+                        out.append(JSONMember(member.key, constant))
+                        continue
+                    }
+                    if member.key == "json" { flow.json = template } else { flow.recover = template }
+                }
+            case "children":
+                if case .array(let elements) = value, type != "fetch" {
+                    if children == nil { children = (position, elements) }
+                } else if case .object(let fields) = value, DataflowParser.isExpression(fields) {
+                    issue(pointer, DataflowParser.forbiddenMessage, key)
+                }
+            default:
+                scanForbidden(value, pointer, key)
+            }
+            out.append(member)
+        }
+        if flow != NodeDataflow() { dataflow[index] = flow }
+        return (changed ? out : nil, children)
+    }
+
+    /// The headers with expressions replaced for the validator; `nil` when none has one.
+    private mutating func headers(
+        _ headers: [JSONMember], _ pointer: String, _ key: [Int], into flow: inout NodeDataflow
+    ) -> [JSONMember]? {
+        var templates: [HeaderTemplate] = []
+        var out = headers
+        var changed = false
+        var built = false
+        for (position, header) in headers.enumerated() {
+            let headerPointer = pointer + "/" + JSONPointer.escape(header.key)
+            let headerKey = key + [position]
+            switch header.value {
+            case .string(let s):
+                templates.append(HeaderTemplate(name: header.key, value: StringTemplate([.text(s)])))
+            case .object(let fields) where DataflowParser.isExpression(fields):
+                changed = true
+                guard let template = stringExpression(fields, headerPointer, headerKey, scalars: true) else {
+                    out[position].value = .string("")
+                    continue
+                }
+                if let constant = template.constant {
+                    out[position].value = .string(constant)
+                    templates.append(HeaderTemplate(name: header.key, value: StringTemplate([.text(constant)])))
+                } else {
+                    // The validator checks the name; the value is checked for CR, LF and NUL once resolved.
+                    out[position].value = .string("")
+                    templates.append(HeaderTemplate(name: header.key, value: template))
+                    built = true
+                }
+            default:
+                scanForbidden(header.value, headerPointer, headerKey)
+            }
+        }
+        if built { flow.headers = templates }
+        return changed ? out : nil
+    }
+
+    private mutating func query(_ value: JSONValue, _ pointer: String, _ key: [Int]) -> [QueryParameter] {
+        guard case .object(let members) = value, !DataflowParser.isExpression(members) else {
+            if case .object = value {
+                issue(pointer, DataflowParser.forbiddenMessage, key)
+            } else {
+                issue(pointer, "must be an object of parameter name to string, number, boolean or expression", key)
+            }
+            return []
+        }
+        var parameters: [QueryParameter] = []
+        for (position, member) in members.enumerated() {
+            let memberPointer = pointer + "/" + JSONPointer.escape(member.key)
+            let memberKey = key + [position]
+            if member.key.isEmpty {
+                issue(memberPointer, "a query parameter name must not be empty", memberKey)
+                continue
+            }
+            switch member.value {
+            case .string(let s):
+                parameters.append(QueryParameter(name: member.key, value: StringTemplate([.text(s)])))
+            case .number(let text):
+                parameters.append(QueryParameter(name: member.key, value: StringTemplate([.text(text)])))
+            case .bool(let b):
+                parameters.append(QueryParameter(name: member.key, value: StringTemplate([.text(b ? "true" : "false")])))
+            case .object(let fields) where DataflowParser.isExpression(fields):
+                if let template = stringExpression(fields, memberPointer, memberKey, scalars: true) {
+                    parameters.append(QueryParameter(name: member.key, value: template))
+                }
+            default:
+                issue(memberPointer, "must be a string, number, boolean or expression, not \(article(member.value))", memberKey)
+            }
+        }
+        return parameters
+    }
+
+    // MARK: - Expressions
+
+    /// True for an object read as an expression: one with a `$ref`, `$concat` or `$literal` member.
+    static func isExpression(_ members: [JSONMember]) -> Bool {
+        members.contains { $0.key == "$ref" || $0.key == "$concat" || $0.key == "$literal" }
+    }
+
+    /// Which expression an object is, once its members are checked; `nil` after an issue.
+    private enum Form {
+        case ref(JSONValue, defaultValue: JSONValue?, position: Int)
+        case concat(JSONValue, position: Int)
+        case literal(JSONValue)
+    }
+
+    private mutating func form(_ members: [JSONMember], _ pointer: String, _ key: [Int]) -> Form? {
+        let operators = members.filter { $0.key == "$ref" || $0.key == "$concat" || $0.key == "$literal" }
+        guard operators.count == 1, let op = operators.first else {
+            issue(
+                pointer,
+                "an expression has exactly one of $ref, $concat, $literal (to send such an object as is, wrap it in "
+                    + "{\"$literal\": …})", key)
+            return nil
+        }
+        let allowed: Set<String> = op.key == "$ref" ? ["$ref", "default"] : [op.key]
+        var seen = Set<String>()
+        for member in members {
+            guard allowed.contains(member.key) else {
+                let beside = op.key == "$ref" ? "only \"default\" may stand beside $ref" : "\(op.key) stands alone"
+                issue(
+                    pointer,
+                    "unexpected member \"\(member.key)\" in a \(op.key) expression: \(beside) (wrap an object that "
+                        + "is meant as is in {\"$literal\": …})", key)
+                return nil
+            }
+            guard seen.insert(member.key).inserted else {
+                issue(pointer, "duplicate member \"\(member.key)\" in a \(op.key) expression", key)
+                return nil
+            }
+        }
+        let position = members.firstIndex(where: { $0.key == op.key }) ?? 0
+        switch op.key {
+        case "$ref":
+            return .ref(op.value, defaultValue: members.first(where: { $0.key == "default" })?.value, position: position)
+        case "$concat":
+            return .concat(op.value, position: position)
+        default:
+            return .literal(op.value)
+        }
+    }
+
+    /// A `$ref` whose pointer is checked: RFC 6901, reading `/input…` or `/nodes/<id>…`.
+    private mutating func scopeRef(_ value: JSONValue, defaultValue: JSONValue?, _ pointer: String, _ key: [Int])
+        -> ScopeRef?
+    {
+        guard case .string(let text) = value else {
+            issue(pointer, "$ref must be a string: a JSON Pointer such as \"/nodes/login/result/body\"", key)
+            return nil
+        }
+        guard let path = JSONPointerPath(text) else {
+            issue(
+                pointer,
+                "$ref \"\(text)\" is not a valid JSON Pointer (RFC 6901): it starts with / and ~ is written ~0 or ~1",
+                key)
+            return nil
+        }
+        switch path.tokens.first {
+        case "input":
+            break
+        case "nodes":
+            guard path.tokens.count >= 2, !path.tokens[1].isEmpty else {
+                issue(pointer, "$ref \"\(text)\" must name a node: /nodes/<id>/…", key)
+                return nil
+            }
+            references.append(NodeReference(reader: reader, pointer: pointer, key: key, nodeID: path.tokens[1]))
+        case "item", "index":
+            issue(
+                pointer,
+                "$ref \"\(text)\" reads /\(path.tokens[0]), which exists only inside a map template; this is outside "
+                    + "a map template", key)
+            return nil
+        default:
+            issue(pointer, "$ref \"\(text)\" must start with /input or /nodes/<id>", key)
+            return nil
+        }
+        return ScopeRef(pointer: path, defaultValue: defaultValue)
+    }
+
+    /// The parts of a `$concat`: strings and `$ref`s.
+    private mutating func concat(_ value: JSONValue, _ pointer: String, _ key: [Int]) -> StringTemplate? {
+        guard case .array(let elements) = value else {
+            issue(pointer, "$concat must be an array of strings and {\"$ref\": …} parts", key)
+            return nil
+        }
+        var parts: [StringPart] = []
+        var ok = true
+        for (position, element) in elements.enumerated() {
+            let partPointer = pointer + "/\(position)"
+            let partKey = key + [position]
+            switch element {
+            case .string(let s):
+                parts.append(.text(s))
+            case .object(let fields) where fields.contains(where: { $0.key == "$ref" }):
+                if case .ref(let refValue, let defaultValue, _)? = form(fields, partPointer, partKey),
+                    let ref = scopeRef(refValue, defaultValue: defaultValue, partPointer, partKey)
+                {
+                    parts.append(.ref(ref))
+                } else {
+                    ok = false
+                }
+            default:
+                issue(partPointer, "a $concat part must be a string or a {\"$ref\": …}, not \(article(element))", partKey)
+                ok = false
+            }
+        }
+        return ok ? StringTemplate(parts) : nil
+    }
+
+    /// An expression standing where a string is needed (url, header, query value, body).
+    private mutating func stringExpression(_ members: [JSONMember], _ pointer: String, _ key: [Int], scalars: Bool)
+        -> StringTemplate?
+    {
+        switch form(members, pointer, key) {
+        case .ref(let value, let defaultValue, _)?:
+            return scopeRef(value, defaultValue: defaultValue, pointer, key).map { StringTemplate([.ref($0)]) }
+        case .concat(let value, let position)?:
+            return concat(value, pointer + "/$concat", key + [position])
+        case .literal(let value)?:
+            switch value {
+            case .string(let s): return StringTemplate([.text(s)])
+            case .number(let text) where scalars: return StringTemplate([.text(text)])
+            case .bool(let b) where scalars: return StringTemplate([.text(b ? "true" : "false")])
+            default:
+                issue(pointer, "$literal here must hold a string, number or boolean, not \(article(value))", key)
+                return nil
+            }
+        case nil:
+            return nil
+        }
+    }
+
+    /// A value where expressions may stand anywhere (`json`, `recover`); `touched` when it held any.
+    private mutating func valueTemplate(_ value: JSONValue, _ pointer: String, _ key: [Int])
+        -> (template: ValueTemplate, touched: Bool)
+    {
+        switch value {
+        case .object(let members):
+            if DataflowParser.isExpression(members) {
+                switch form(members, pointer, key) {
+                case .ref(let refValue, let defaultValue, _)?:
+                    if let ref = scopeRef(refValue, defaultValue: defaultValue, pointer, key) { return (.ref(ref), true) }
+                case .concat(let parts, let position)?:
+                    if let template = concat(parts, pointer + "/$concat", key + [position]) {
+                        if let constant = template.constant { return (.value(.string(constant)), true) }
+                        return (.concat(template), true)
+                    }
+                case .literal(let inner)?:
+                    return (.value(inner), true)
+                case nil:
+                    break
+                }
+                return (.value(.null), true)
+            }
+            var templates: [TemplateMember] = []
+            var touched = false
+            for (position, member) in members.enumerated() {
+                let (template, t) = valueTemplate(member.value, pointer + "/" + JSONPointer.escape(member.key), key + [position])
+                touched = touched || t
+                templates.append(TemplateMember(member.key, template))
+            }
+            guard touched else { return (.value(value), false) }
+            if templates.allSatisfy({ $0.value.constant != nil }) {
+                return (.value(.object(templates.map { JSONMember($0.key, $0.value.constant ?? .null) })), true)
+            }
+            return (.object(templates), true)
+        case .array(let elements):
+            var templates: [ValueTemplate] = []
+            var touched = false
+            for (position, element) in elements.enumerated() {
+                let (template, t) = valueTemplate(element, pointer + "/\(position)", key + [position])
+                touched = touched || t
+                templates.append(template)
+            }
+            guard touched else { return (.value(value), false) }
+            if templates.allSatisfy({ $0.constant != nil }) {
+                return (.value(.array(templates.map { $0.constant ?? .null })), true)
+            }
+            return (.array(templates), true)
+        default:
+            return (.value(value), false)
+        }
+    }
+
+    /// Refuses every expression inside a field where none may stand.
+    private mutating func scanForbidden(_ value: JSONValue, _ pointer: String, _ key: [Int]) {
+        switch value {
+        case .object(let members):
+            if DataflowParser.isExpression(members) {
+                issue(pointer, DataflowParser.forbiddenMessage, key)
+                return
+            }
+            for (position, member) in members.enumerated() {
+                scanForbidden(member.value, pointer + "/" + JSONPointer.escape(member.key), key + [position])
+            }
+        case .array(let elements):
+            for (position, element) in elements.enumerated() {
+                scanForbidden(element, pointer + "/\(position)", key + [position])
+            }
+        default:
+            return
+        }
+    }
+
+    private mutating func issue(_ pointer: String, _ message: String, _ key: [Int]) {
+        issues.append(KeyedIssue(pointer: pointer, message: message, key: key))
+    }
+}
+
+/// `an object`, `a string`…
+func article(_ value: JSONValue) -> String {
+    let name = value.typeName
+    return name.first.map { "aeiou".contains($0) } == true ? "an \(name)" : "a \(name)"
+}
