@@ -449,7 +449,10 @@ paths:
         once the cancelled states are on disk, so a crash after it cannot
         undo the cancel. `200` with the job if it was already cancelled; `409 conflict` if it had already
         succeeded or failed. No request body is expected; one, if sent, is
-        ignored (it still counts against `--max-request-bytes`).
+        ignored (it still counts against `--max-request-bytes`). While the
+        store cannot write, the answer is `503 storage_unavailable`: the
+        cancel is done in memory and written once the store recovers, but
+        nothing promises it survives a crash before then.
       responses:
         "202":
           description: the job, while cancelling (or just cancelled)
@@ -1120,7 +1123,9 @@ components:
         object, a node) it is refused with `422` at its JSON Pointer. An object
         with a `$ref`, `$concat` or `$literal` member and any other member (but
         `default` beside `$ref`) is refused too: wrap such an object in
-        `$literal` to send it as is.
+        `$literal` to send it as is. A `json` or `recover` value that holds
+        expressions may nest at most 128 levels (one without any may nest as
+        deep as the request allows).
 
         Checked at submit (`422`, `path` at the expression): the pointer is
         valid RFC 6901 and starts with `/input` or `/nodes/<id>` (`/item` and

@@ -273,4 +273,15 @@ final class ExpressionParsingTests: XCTestCase {
             XCTAssertEqual((error as? ValidationError)?.issues.count, 100)
         }
     }
+
+    func testAJSONValueHoldingExpressionsNestsAtMost128Levels() throws {
+        func body(_ levels: Int) -> String {
+            readingB(#""url": "http://h/b", "json": "# + String(repeating: "[", count: levels)
+                + #"{"$ref": "/nodes/a/status"}"# + String(repeating: "]", count: levels))
+        }
+        XCTAssertNoThrow(try parse(body(127)))
+        let refused = issues(body(129))
+        XCTAssertEqual(refused.map(\.pointer), ["/graph/children/1/json"])
+        XCTAssertTrue(refused.first?.message.contains("at most 128 levels") == true, "\(refused)")
+    }
 }

@@ -8,7 +8,7 @@ import XCTest
 /// The store-failure policy seen from the API, with a real failure: another connection holds the
 /// database's write lock, so every write of the server fails with SQLITE_BUSY until it lets go.
 final class StoreUnavailableTests: XCTestCase {
-    func testALockedStoreAnswers503DegradedAndKeepsACancelUntilItCanWrite() throws {
+    func testALockedStoreAnswers503DegradedAndWritesACancelOnceItCan() throws {
         let upstream = try Upstream.start()
         defer { upstream.stop() }
         let harness = try AppHarness()
@@ -34,8 +34,11 @@ final class StoreUnavailableTests: XCTestCase {
         XCTAssertTrue(metrics.contains("\njobserver_store_degraded 1\n"), metrics)
         XCTAssertFalse(metrics.contains("\njobserver_store_write_failures_total 0\n"), metrics)
 
-        // A cancel is answered and done in memory; its state waits for the store.
-        XCTAssertEqual(harness.call(.cancelJob, id: id).status, 202)
+        // A 202 promises the cancel is on disk, which it cannot be yet: the answer is 503, but the cancel is done
+        // in memory and its state waits for the store.
+        let cancel = harness.call(.cancelJob, id: id)
+        XCTAssertEqual(cancel.status, 503, cancel.text)
+        XCTAssertEqual(cancel.errorCode, "storage_unavailable")
         XCTAssertEqual(harness.settled(id)?["state"]?.stringValue, "cancelled")
         XCTAssertNotEqual(try storedState(other, id), "cancelled", "nothing could be written yet")
         try other.execute("ROLLBACK")

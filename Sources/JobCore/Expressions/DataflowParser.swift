@@ -272,7 +272,7 @@ struct DataflowParser {
                 }
                 scanForbidden(value, pointer, key)
             case "json" where isFetch, "recover":
-                let (template, touched) = valueTemplate(value, pointer, key)
+                let (template, touched) = topTemplate(value, pointer, key)
                 if touched {
                     changed = true
                     if let constant = template.constant {
@@ -560,24 +560,68 @@ struct DataflowParser {
         }
     }
 
-    /// Refuses every expression inside a field where none may stand.
+    /// Refuses every expression inside a field where none may stand. Iterative: a value may nest as deep as the
+    /// request parser allows, far past what the stack of a request's thread holds.
     private mutating func scanForbidden(_ value: JSONValue, _ pointer: String, _ key: [Int]) {
-        switch value {
-        case .object(let members):
-            if DataflowParser.isExpression(members) {
-                issue(pointer, DataflowParser.forbiddenMessage, key)
-                return
+        var stack: [(value: JSONValue, pointer: String, key: [Int])] = [(value, pointer, key)]
+        while let (value, pointer, key) = stack.popLast() {
+            switch value {
+            case .object(let members):
+                if DataflowParser.isExpression(members) {
+                    issue(pointer, DataflowParser.forbiddenMessage, key)
+                    continue
+                }
+                for (position, member) in members.enumerated().reversed() {
+                    stack.append((member.value, pointer + "/" + JSONPointer.escape(member.key), key + [position]))
+                }
+            case .array(let elements):
+                for (position, element) in elements.enumerated().reversed() {
+                    stack.append((element, pointer + "/\(position)", key + [position]))
+                }
+            default:
+                continue
             }
-            for (position, member) in members.enumerated() {
-                scanForbidden(member.value, pointer + "/" + JSONPointer.escape(member.key), key + [position])
-            }
-        case .array(let elements):
-            for (position, element) in elements.enumerated() {
-                scanForbidden(element, pointer + "/\(position)", key + [position])
-            }
-        default:
-            return
         }
+    }
+
+    /// How many levels `value` nests below itself, and whether it holds an expression; iterative.
+    static func shape(_ value: JSONValue) -> (depth: Int, hasExpression: Bool) {
+        var deepest = 0
+        var hasExpression = false
+        var stack: [(JSONValue, Int)] = [(value, 0)]
+        while let (value, depth) = stack.popLast() {
+            deepest = max(deepest, depth)
+            switch value {
+            case .object(let members):
+                if isExpression(members) { hasExpression = true }
+                for member in members { stack.append((member.value, depth + 1)) }
+            case .array(let elements):
+                for element in elements { stack.append((element, depth + 1)) }
+            default:
+                continue
+            }
+        }
+        return (deepest, hasExpression)
+    }
+
+    /// How deep a `json` or `recover` value holding expressions may nest: its template is built recursively.
+    static let maxTemplateDepth = 128
+
+    /// `valueTemplate` for a whole `json` or `recover` value: one without expressions is kept as it is, whatever
+    /// its depth; one with expressions may nest at most `maxTemplateDepth` levels.
+    private mutating func topTemplate(_ value: JSONValue, _ pointer: String, _ key: [Int])
+        -> (template: ValueTemplate, touched: Bool)
+    {
+        let shape = DataflowParser.shape(value)
+        guard shape.hasExpression else { return (.value(value), false) }
+        guard shape.depth <= DataflowParser.maxTemplateDepth else {
+            issue(
+                pointer,
+                "a value holding expressions may nest at most \(DataflowParser.maxTemplateDepth) levels, not \(shape.depth)",
+                key)
+            return (.value(.null), true)
+        }
+        return valueTemplate(value, pointer, key)
     }
 
     private mutating func issue(_ pointer: String, _ message: String, _ key: [Int]) {
