@@ -982,9 +982,13 @@ enum Columns {
     /// Listings leave out the two columns that may be large.
     static let listedJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, NULL, NULL"
-    /// What reads show: `request`, which may be large and is only needed to rebuild a job, is left out.
+    /// What reads show: `request`, which may be large and is only needed to rebuild a job, is left out but for
+    /// its `input` (SQLite picks it out, so the request is never parsed in Swift): the `request` of a job read so
+    /// is `{"input": …}` when it was given one, else `null`.
     static let shownJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
-        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, NULL"
+        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, "
+        + "CASE WHEN NOT json_valid(request) THEN NULL WHEN json_type(request, '$.input') IS NULL THEN NULL "
+        + "ELSE json_object('input', json(request -> '$.input')) END"
     /// How many columns `job` has.
     static let jobCount: Int32 = 19
 
