@@ -330,13 +330,21 @@ public final class Engine: @unchecked Sendable {
             completion(.success(.settled(settled)))
             return
         }
+        read(id, live: { .record($0.record) }, stored: { try self.readStoredJob(id: id) }, completion)
+    }
+
+    /// Answers from the run in memory (looked at on `queue`), else from `stored` (on a read queue).
+    private func read<Answer: Sendable>(
+        _ jobID: String, live: @escaping (JobRun) -> Answer, stored: @escaping @Sendable () throws -> Answer,
+        _ completion: @escaping @Sendable (Result<Answer, Error>) -> Void
+    ) {
         queue.async {
-            let live = self.runs[id]?.record
+            let found = self.runs[jobID].map(live)
             self.onReadQueue {
-                if let live {
-                    completion(.success(.record(live)))
+                if let found {
+                    completion(.success(found))
                 } else {
-                    completion(Result { try self.readStoredJob(id: id) })
+                    completion(Result(catching: stored))
                 }
             }
         }
@@ -392,42 +400,24 @@ public final class Engine: @unchecked Sendable {
     public func nodes(
         jobID: String, includeResults: Bool, _ completion: @escaping @Sendable (Result<[NodeRecord]?, Error>) -> Void
     ) {
-        queue.async {
-            let live = self.runs[jobID]?.nodeSnapshots(includeResults: includeResults)
-            self.onReadQueue {
-                if let live {
-                    completion(.success(live))
-                    return
-                }
-                completion(
-                    Result {
-                        guard try self.store.jobState(id: jobID) != nil else { return nil }
-                        let stored = try self.store.nodes(jobID: jobID, includeResults: includeResults)
-                        // Every job has its root node: none means it was deleted between the two reads.
-                        return stored.isEmpty ? nil : stored
-                    })
-            }
-        }
+        read(
+            jobID, live: { $0.nodeSnapshots(includeResults: includeResults) },
+            stored: {
+                guard try self.store.jobState(id: jobID) != nil else { return nil }
+                let stored = try self.store.nodes(jobID: jobID, includeResults: includeResults)
+                // Every job has its root node: none means it was deleted between the two reads.
+                return stored.isEmpty ? nil : stored
+            }, completion)
     }
 
     /// One node with its result, or which of job and node is missing.
     public func node(jobID: String, nodeID: String, _ completion: @escaping @Sendable (Result<NodeLookup, Error>) -> Void) {
-        queue.async {
-            let live: NodeLookup? = self.runs[jobID].map { run in
-                run.graph.index(ofNodeID: nodeID).map { .found(run.nodeSnapshot($0)) } ?? .noSuchNode
-            }
-            self.onReadQueue {
-                if let live {
-                    completion(.success(live))
-                    return
-                }
-                completion(
-                    Result {
-                        if let node = try self.store.node(jobID: jobID, nodeID: nodeID) { return .found(node) }
-                        return try self.store.jobState(id: jobID) == nil ? .noSuchJob : .noSuchNode
-                    })
-            }
-        }
+        read(
+            jobID, live: { run in run.graph.index(ofNodeID: nodeID).map { .found(run.nodeSnapshot($0)) } ?? .noSuchNode },
+            stored: {
+                if let node = try self.store.node(jobID: jobID, nodeID: nodeID) { return .found(node) }
+                return try self.store.jobState(id: jobID) == nil ? .noSuchJob : .noSuchNode
+            }, completion)
     }
 
     /// A fetch node's raw response body. Waits for the store's writer: not for an event-loop thread.
