@@ -98,10 +98,10 @@ final class ExpressionResolutionTests: XCTestCase {
         var flow = NodeDataflow()
         flow.url = StringTemplate([.text("http://h/users/"), .ref(try ref("/nodes/login/result/body/token")), .text("/x")])
         flow.query = [
-            QueryParameter(name: "a b", value: StringTemplate([.text("1&2")])),
-            QueryParameter(name: "n", value: StringTemplate([.ref(try ref("/input/n"))])),
+            NamedTemplate(name: "a b", value: StringTemplate([.text("1&2")])),
+            NamedTemplate(name: "n", value: StringTemplate([.ref(try ref("/input/n"))])),
         ]
-        flow.headers = [HeaderTemplate(name: "Authorization", value: StringTemplate([.text("Bearer "), .ref(try ref("/input/user"))]))]
+        flow.headers = [NamedTemplate(name: "Authorization", value: StringTemplate([.text("Bearer "), .ref(try ref("/input/user"))]))]
         flow.body = StringTemplate([.ref(try ref("/input/user"))])
         let base = FetchRequest(url: DataflowParser.urlPlaceholder, method: "POST")
         let request = try ExpressionResolver.request(base, flow, in: scope).get()
@@ -110,7 +110,7 @@ final class ExpressionResolutionTests: XCTestCase {
         XCTAssertEqual(request.body, .text("ann"))
 
         var crlf = NodeDataflow()
-        crlf.headers = [HeaderTemplate(name: "X", value: StringTemplate([.ref(try ref("/input/nl"))]))]
+        crlf.headers = [NamedTemplate(name: "X", value: StringTemplate([.ref(try ref("/input/nl"))]))]
         XCTAssertEqual(resolveError(base, crlf, scope)?.kind, .refType)
 
         var scheme = NodeDataflow()

@@ -300,7 +300,7 @@ struct DataflowParser {
     private mutating func headers(
         _ headers: [JSONMember], _ pointer: String, _ key: [Int], into flow: inout NodeDataflow
     ) -> [JSONMember]? {
-        var templates: [HeaderTemplate] = []
+        var templates: [NamedTemplate] = []
         var out = headers
         var changed = false
         var built = false
@@ -309,7 +309,7 @@ struct DataflowParser {
             let headerKey = key + [position]
             switch header.value {
             case .string(let s):
-                templates.append(HeaderTemplate(name: header.key, value: StringTemplate([.text(s)])))
+                templates.append(NamedTemplate(name: header.key, value: StringTemplate([.text(s)])))
             case .object(let fields) where DataflowParser.isExpression(fields):
                 changed = true
                 guard let template = stringExpression(fields, headerPointer, headerKey, scalars: true) else {
@@ -318,11 +318,11 @@ struct DataflowParser {
                 }
                 if let constant = template.constant {
                     out[position].value = .string(constant)
-                    templates.append(HeaderTemplate(name: header.key, value: StringTemplate([.text(constant)])))
+                    templates.append(NamedTemplate(name: header.key, value: StringTemplate([.text(constant)])))
                 } else {
                     // The validator checks the name; the value is checked for CR, LF and NUL once resolved.
                     out[position].value = .string("")
-                    templates.append(HeaderTemplate(name: header.key, value: template))
+                    templates.append(NamedTemplate(name: header.key, value: template))
                     built = true
                 }
             default:
@@ -333,7 +333,7 @@ struct DataflowParser {
         return changed ? out : nil
     }
 
-    private mutating func query(_ value: JSONValue, _ pointer: String, _ key: [Int]) -> [QueryParameter] {
+    private mutating func query(_ value: JSONValue, _ pointer: String, _ key: [Int]) -> [NamedTemplate] {
         guard case .object(let members) = value, !DataflowParser.isExpression(members) else {
             if case .object = value {
                 issue(pointer, DataflowParser.forbiddenMessage, key)
@@ -342,7 +342,7 @@ struct DataflowParser {
             }
             return []
         }
-        var parameters: [QueryParameter] = []
+        var parameters: [NamedTemplate] = []
         for (position, member) in members.enumerated() {
             let memberPointer = pointer + "/" + JSONPointer.escape(member.key)
             let memberKey = key + [position]
@@ -352,14 +352,14 @@ struct DataflowParser {
             }
             switch member.value {
             case .string(let s):
-                parameters.append(QueryParameter(name: member.key, value: StringTemplate([.text(s)])))
+                parameters.append(NamedTemplate(name: member.key, value: StringTemplate([.text(s)])))
             case .number(let text):
-                parameters.append(QueryParameter(name: member.key, value: StringTemplate([.text(text)])))
+                parameters.append(NamedTemplate(name: member.key, value: StringTemplate([.text(text)])))
             case .bool(let b):
-                parameters.append(QueryParameter(name: member.key, value: StringTemplate([.text(b ? "true" : "false")])))
+                parameters.append(NamedTemplate(name: member.key, value: StringTemplate([.text(b ? "true" : "false")])))
             case .object(let fields) where DataflowParser.isExpression(fields):
                 if let template = stringExpression(fields, memberPointer, memberKey, scalars: true) {
-                    parameters.append(QueryParameter(name: member.key, value: template))
+                    parameters.append(NamedTemplate(name: member.key, value: template))
                 }
             default:
                 issue(memberPointer, "must be a string, number, boolean or expression, not \(article(member.value))", memberKey)

@@ -186,19 +186,8 @@ public struct TemplateMember: Equatable, Sendable {
     }
 }
 
-/// One name of a fetch's `query`, in the order given.
-public struct QueryParameter: Equatable, Sendable {
-    public var name: String
-    public var value: StringTemplate
-
-    public init(name: String, value: StringTemplate) {
-        self.name = name
-        self.value = value
-    }
-}
-
-/// One header whose value may be built at run time.
-public struct HeaderTemplate: Equatable, Sendable {
+/// A header or a `query` parameter, in the order given, whose value may be built at run time.
+public struct NamedTemplate: Equatable, Sendable {
     public var name: String
     public var value: StringTemplate
 
@@ -214,9 +203,9 @@ public struct NodeDataflow: Equatable, Sendable {
     /// The url, when a `$ref` builds part of it.
     public var url: StringTemplate?
     /// Every header in order, when a `$ref` builds any of their values.
-    public var headers: [HeaderTemplate]?
+    public var headers: [NamedTemplate]?
     /// The `query` parameters, appended to the url in this order.
-    public var query: [QueryParameter] = []
+    public var query: [NamedTemplate] = []
     /// A `body` built with a `$ref`.
     public var body: StringTemplate?
     /// A `json` body with a `$ref` inside.
