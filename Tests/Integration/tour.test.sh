@@ -269,7 +269,7 @@ api GET /v1/jobs
 expect_jq "[.jobs[].id | select(. == \"$first\" or . == \"$hanging\")] | length" 0
 
 # ------------------------------------------------------------------ idempotency
-step "Idempotency-Key: same key and body → 200 and the same job; other body → 409"
+step "Idempotency-Key: same key and body → 200 and the same job; other bytes, even only other whitespace → 409"
 key="tour-$(millis)"
 body="{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}}"
 api POST /v1/jobs "$body" -H "Idempotency-Key: $key"
@@ -278,6 +278,8 @@ idem="$(jget .id)"
 api POST /v1/jobs "$body" -H "Idempotency-Key: $key"
 expect_status 200
 expect_jq .id "$idem"
+api POST /v1/jobs "{\"graph\": {\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}}" -H "Idempotency-Key: $key"
+expect_api_error 409 conflict
 api POST /v1/jobs "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/text\"}}" -H "Idempotency-Key: $key"
 expect_api_error 409 conflict
 api POST /v1/jobs "$body" -H "Idempotency-Key: other-$key"
