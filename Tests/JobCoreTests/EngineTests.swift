@@ -5,50 +5,8 @@ import XCTest
 @testable import JobCore
 
 /// The engine's rules (API.md §1.2–1.3), each run against real fetches to the local upstream.
-final class EngineTests: XCTestCase {
-    static var upstream: Upstream?
-    var upstream: Upstream { EngineTests.upstream! }
-    var directory = ""
-    var engines: [Engine] = []
-
-    override class func setUp() {
-        upstream = try? Upstream.start()
-    }
-
-    override class func tearDown() {
-        upstream?.stop()
-        upstream = nil
-    }
-
-    override func setUpWithError() throws {
-        guard EngineTests.upstream != nil else { throw XCTSkip("the upstream fixture did not start") }
-        directory = NSTemporaryDirectory() + "engine-tests-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        try upstream.resetStats()
-    }
-
-    override func tearDown() {
-        for engine in engines { engine.shutdown(gracePeriodMs: 2000) }
-        engines.removeAll()
-        try? FileManager.default.removeItem(atPath: directory)
-    }
-
+final class EngineTests: EngineTestCase {
     // MARK: - Helpers
-
-    func makeEngine(
-        dbName: String = "jobs.sqlite", configure: (inout EngineConfiguration) -> Void = { _ in }
-    ) throws -> Engine {
-        let store = try SQLiteJobStore(path: directory + "/" + dbName)
-        var fetcherConfig = FetcherConfiguration()
-        fetcherConfig.denyCIDRs = []
-        let fetcher = try Fetcher(configuration: fetcherConfig)
-        var config = EngineConfiguration()
-        configure(&config)
-        let engine = Engine(store: store, fetcher: fetcher, configuration: config, logger: .disabled)
-        try engine.start()
-        engines.append(engine)
-        return engine
-    }
 
     /// The upstream's URL for `path`, as a JSON string literal.
     func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
@@ -80,44 +38,14 @@ final class EngineTests: XCTestCase {
         throw UpstreamError("job \(id) did not settle within \(seconds) s")
     }
 
-    /// The job as it is now (a long-poll that does not wait).
-    func current(_ engine: Engine, _ id: String) throws -> JobRecord? {
-        let done = DispatchSemaphore(value: 0)
-        let box = Box<JobRecord?>(nil)
-        _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 0) { job in
-            box.value = job
-            done.signal()
-        }
-        guard done.wait(timeout: .now() + 10) == .success else { throw UpstreamError("no answer for \(id) within 10 s") }
-        return box.value
-    }
-
     func nodes(_ engine: Engine, _ id: String) throws -> [String: NodeRecord] {
-        let done = DispatchSemaphore(value: 0)
-        let box = Box<Result<[NodeRecord]?, Error>?>(nil)
-        engine.nodes(jobID: id, includeResults: true) { result in
-            box.value = result
-            done.signal()
-        }
-        guard done.wait(timeout: .now() + 10) == .success, let result = box.value else {
-            throw UpstreamError("no nodes of \(id) within 10 s")
-        }
-        let list = try result.get() ?? []
+        let list = try engine.nodes(jobID: id, includeResults: true) ?? []
         return Dictionary(uniqueKeysWithValues: list.map { ($0.id, $0) })
     }
 
     /// Cancels and waits (at most 10 s) for the engine's answer.
     func cancel(_ engine: Engine, _ id: String) throws -> CancelOutcome {
-        let done = DispatchSemaphore(value: 0)
-        let box = Box<Result<CancelOutcome, Error>?>(nil)
-        engine.cancel(id: id) { outcome in
-            box.value = outcome
-            done.signal()
-        }
-        guard done.wait(timeout: .now() + 10) == .success, let outcome = box.value else {
-            throw UpstreamError("cancel of \(id) was not answered")
-        }
-        return try outcome.get()
+        try engine.answer("cancel of \(id)") { done in engine.cancel(id: id) { done($0) } }.get()
     }
 
     /// Polls (at most `seconds`) until `condition` holds for the job's nodes.
@@ -553,7 +481,7 @@ final class EngineTests: XCTestCase {
               {"type":"fetch","url":\(u("/count/step3"))}]}}
             """)
         Thread.sleep(forTimeInterval: 0.4)  // step 1 done, step 2 in flight
-        let startedBefore = try XCTUnwrap(try current(first, job.id)?.startedAt)
+        let startedBefore = try XCTUnwrap(try first.job(id: job.id)?.startedAt)
         first.shutdown(gracePeriodMs: 2000)
         engines.removeAll()
         let second = try makeEngine(dbName: "resume.sqlite")
@@ -720,45 +648,5 @@ extension CancelOutcome {
     var isAlreadyCancelled: Bool {
         if case .alreadyCancelled = self { return true }
         return false
-    }
-}
-
-final class Box<T>: @unchecked Sendable {
-    var value: T
-    init(_ value: T) { self.value = value }
-}
-
-/// Blocking reads over the engine's asynchronous entry points, for tests (never on an event loop).
-extension Engine {
-    private func answer<T>(_ what: String, _ start: (@escaping @Sendable (T) -> Void) -> Void) throws -> T {
-        let done = DispatchSemaphore(value: 0)
-        let box = Box<T?>(nil)
-        start { value in
-            box.value = value
-            done.signal()
-        }
-        guard done.wait(timeout: .now() + 10) == .success, let value = box.value else {
-            throw UpstreamError("no answer for \(what) within 10 s")
-        }
-        return value
-    }
-
-    /// The job as it is now (a long-poll that does not wait).
-    func job(id: String) throws -> JobRecord? {
-        try answer("job \(id)") { done in _ = waitForChange(id: id, afterVersion: nil, timeoutMs: 0) { done($0) } }
-    }
-
-    func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord]? {
-        try answer("nodes of \(jobID)") { done in nodes(jobID: jobID, includeResults: includeResults) { done($0) } }.get()
-    }
-
-    func node(jobID: String, nodeID: String) throws -> NodeRecord? {
-        let lookup = try answer("node \(nodeID) of \(jobID)") { done in node(jobID: jobID, nodeID: nodeID) { done($0) } }.get()
-        if case .found(let node) = lookup { return node }
-        return nil
-    }
-
-    var metricsNow: EngineMetrics {
-        get throws { try answer("metrics") { done in metrics { done($0) } } }
     }
 }

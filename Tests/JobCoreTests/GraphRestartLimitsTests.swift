@@ -6,47 +6,13 @@ import XCTest
 
 /// A job accepted under some limits is rebuilt after a restart under lower ones (issue 10): through a real engine,
 /// a real SQLite file and real fetches to the local upstream.
-final class GraphRestartLimitsTests: XCTestCase {
-    static var upstream: Upstream?
-    var directory = ""
-    var engines: [Engine] = []
-
-    override class func setUp() {
-        upstream = try? Upstream.start()
-    }
-
-    override class func tearDown() {
-        upstream?.stop()
-        upstream = nil
-    }
-
-    override func setUpWithError() throws {
-        guard Self.upstream != nil else { throw XCTSkip("the upstream fixture did not start") }
-        directory = NSTemporaryDirectory() + "graph-restart-tests-\(UUID().uuidString)"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-    }
-
-    override func tearDown() {
-        for engine in engines { engine.shutdown(gracePeriodMs: 2000) }
-        engines.removeAll()
-        try? FileManager.default.removeItem(atPath: directory)
-    }
-
-    private func url(_ path: String) throws -> String {
-        "\"\(try XCTUnwrap(Self.upstream).url(path))\""
+final class GraphRestartLimitsTests: EngineTestCase {
+    private func url(_ path: String) -> String {
+        "\"\(upstream.url(path))\""
     }
 
     private func makeEngine(limits: Limits) throws -> Engine {
-        let store = try SQLiteJobStore(path: directory + "/jobs.sqlite")
-        var fetcherConfig = FetcherConfiguration()
-        fetcherConfig.denyCIDRs = []
-        let fetcher = try Fetcher(configuration: fetcherConfig)
-        var config = EngineConfiguration()
-        config.limits = limits
-        let engine = Engine(store: store, fetcher: fetcher, configuration: config, logger: .disabled)
-        try engine.start()
-        engines.append(engine)
-        return engine
+        try makeEngine { $0.limits = limits }
     }
 
     /// Submits `text` as the server would under `limits`: parsed to their JSON depth, validated under them.
@@ -73,14 +39,14 @@ final class GraphRestartLimitsTests: XCTestCase {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
             let done = DispatchSemaphore(value: 0)
-            let seen = Seen()
+            let seen = Box<JobRecord?>(nil)
             _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 200) { job in
-                seen.job = job
+                seen.value = job
                 done.signal()
             }
             done.wait()
             // A job that failed is returned at once, so that a refused rebuild fails with its error, not a timeout.
-            if let job = seen.job, job.state.isSettled,
+            if let job = seen.value, job.state.isSettled,
                 job.state != .succeeded || job.progress.pending + job.progress.running == 0
             {
                 return job
@@ -94,8 +60,8 @@ final class GraphRestartLimitsTests: XCTestCase {
         let first = try makeEngine(limits: accepted)
         let job = try submit(
             first,
-            #"{"graph":{"type":"sequence","children":[{"type":"fetch","url":\#(try url("/delay/300"))},"#
-                + #"{"type":"fetch","url":\#(try url("/count/a"))},{"type":"fetch","url":\#(try url("/count/b"))}]}}"#,
+            #"{"graph":{"type":"sequence","children":[{"type":"fetch","url":\#(url("/delay/300"))},"#
+                + #"{"type":"fetch","url":\#(url("/count/a"))},{"type":"fetch","url":\#(url("/count/b"))}]}}"#,
             limits: accepted)
         XCTAssertEqual(job.progress.total, 4)
 
@@ -109,7 +75,7 @@ final class GraphRestartLimitsTests: XCTestCase {
     /// A chain of `depth` sequences around a fetch of `path`, as JSON text.
     private func chain(depth: Int, path: String) throws -> String {
         #"{"graph":"# + String(repeating: #"{"type":"sequence","children":["#, count: depth - 1)
-            + #"{"type":"fetch","url":\#(try url(path))}"# + String(repeating: "]}", count: depth - 1) + "}"
+            + #"{"type":"fetch","url":\#(url(path))}"# + String(repeating: "]}", count: depth - 1) + "}"
     }
 
     func testJobAcceptedUnderMoreDepthIsRebuiltUnderLess() throws {
@@ -165,10 +131,4 @@ final class GraphRestartLimitsTests: XCTestCase {
         XCTAssertEqual(rebuilt.graph, spec.graph)
         XCTAssertEqual(rebuilt.graph.nodes.last?.id, "root" + String(repeating: ".0", count: depth - 1))
     }
-}
-
-/// What a long-poll callback saw; written on the engine's queue before the semaphore is signalled and read after
-/// the wait, so the semaphore orders the two accesses.
-private final class Seen: @unchecked Sendable {
-    var job: JobRecord?
 }
