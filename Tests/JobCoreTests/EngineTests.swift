@@ -424,17 +424,21 @@ final class EngineTests: EngineTestCase {
             let job = try submit(engine, #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))}]}}"#)
             _ = try settled(engine, job.id)
             let deleted = Box<Bool>(false)
-            let stop = Box<Bool>(false)
+            let started = DispatchSemaphore(value: 0)
             let group = DispatchGroup()
             for reader in 0..<4 {
                 DispatchQueue.global().async(group: group) {
                     var reads = 0
-                    // Bounded: at most 200,000 reads or until told to stop.
-                    while reads < 200_000, !lock.withLock({ stop.value }) {
+                    var readsAfterDelete = 0
+                    // Bounded: at most 200,000 reads; a reader stops by itself after 20 reads that began after
+                    // the delete returned.
+                    while reads < 200_000, readsAfterDelete < 20 {
                         reads += 1
                         let after = lock.withLock { deleted.value }
                         let found = (try? engine.job(id: job.id)) ?? nil
                         let nodes = (try? engine.nodes(jobID: job.id, includeResults: false)) ?? nil
+                        if reads == 1 { started.signal() }
+                        if after { readsAfterDelete += 1 }
                         if let nodes, nodes.isEmpty {
                             lock.withLock { violations.value.append("round \(round) reader \(reader): empty node list") }
                         }
@@ -445,12 +449,10 @@ final class EngineTests: EngineTestCase {
                     }
                 }
             }
-            Thread.sleep(forTimeInterval: 0.01)
+            // The delete races readers that are already reading.
+            for _ in 0..<4 { XCTAssertEqual(started.wait(timeout: .now() + 10), .success, "a reader did not start") }
             guard case .deleted = try engine.delete(id: job.id) else { return XCTFail("delete did not delete") }
             lock.withLock { deleted.value = true }
-            // Let the readers go on for a while after the delete, then stop them.
-            Thread.sleep(forTimeInterval: 0.05)
-            lock.withLock { stop.value = true }
             XCTAssertEqual(group.wait(timeout: .now() + 30), .success)
             XCTAssertNil(try engine.job(id: job.id))
             XCTAssertNil(try engine.nodes(jobID: job.id, includeResults: false))
