@@ -56,6 +56,7 @@ struct MetricsSnapshot {
     var pendingFetches = 0
     var fetchesInFlight = 0
     var jobLoadFailures = 0
+    var longPollsWaiting = 0
     /// Finished fetch attempts by outcome (`succeeded` or an error kind).
     var fetchOutcomes: [String: Int] = [:]
     /// Upper bounds of the latency buckets; a missing or infinite last bound is `+Inf`.
@@ -75,6 +76,7 @@ struct MetricsSnapshot {
         pendingFetches = engine.pendingFetches
         fetchesInFlight = engine.fetchesInFlight
         jobLoadFailures = engine.jobLoadFailures
+        longPollsWaiting = engine.longPollsWaiting
         fetchOutcomes = fetcher.outcomes
         latencyBucketsMs = FetcherStats.latencyBoundsMs.map(Double.init)
         latencyCounts = fetcher.latencyCounts
@@ -108,6 +110,8 @@ enum PrometheusText {
         sample(&out, "jobserver_fetch_queue_depth", [], Double(m.pendingFetches))
         family(&out, "jobserver_jobs_load_failures_total", "counter", "Stored jobs that could not be loaded at start and were failed.")
         sample(&out, "jobserver_jobs_load_failures_total", [], Double(m.jobLoadFailures))
+        family(&out, "jobserver_long_polls_waiting", "gauge", "Long-polls waiting for a job to change.")
+        sample(&out, "jobserver_long_polls_waiting", [], Double(m.longPollsWaiting))
 
         family(&out, "jobserver_fetches_total", "counter", "Finished fetch attempts by outcome.")
         for outcome in m.fetchOutcomes.keys.sorted() {

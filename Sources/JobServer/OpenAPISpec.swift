@@ -721,7 +721,8 @@ paths:
       description: |
         Prometheus text exposition format (`text/plain; version=0.0.4`): jobs,
         nodes, fetches by outcome, a fetch latency histogram, HTTP requests by
-        route and status, queue depths, stored jobs that could not be loaded at
+        route and status, queue depths, long-polls waiting
+        (`jobserver_long_polls_waiting`), stored jobs that could not be loaded at
         start (`jobserver_jobs_load_failures_total`), and the job store's health:
         `jobserver_store_degraded` (1 while writes fail and are retried),
         `jobserver_store_write_failures_total`, `jobserver_store_pending_changes`

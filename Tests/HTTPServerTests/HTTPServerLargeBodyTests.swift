@@ -57,7 +57,7 @@ final class HTTPServerLargeBodyTests: XCTestCase {
     func testResponseLargerThanTheSocketBufferIsWrittenWholeThenTheNextPipelinedOne() throws {
         let client = try RawClient(port: server.port, receiveBufferBytes: 4096)
         try client.send("GET /big HTTP/1.1\r\nHost: t\r\n\r\nGET /seq/after HTTP/1.1\r\nHost: t\r\n\r\n")
-        usleep(200_000)  // let the server hit a full socket buffer and wait for EPOLLOUT
+        XCTAssertTrue(client.waitForUnreadBytes(), "the server's answer never arrived")
         let big = try client.readResponse()
         XCTAssertEqual(big.status, 200)
         XCTAssertEqual(big.body.count, HTTPServerLargeBodyTests.bigBody.count)
@@ -69,7 +69,8 @@ final class HTTPServerLargeBodyTests: XCTestCase {
         let client = try RawClient(port: server.port, receiveBufferBytes: 4096)
         try client.send("GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
         XCTAssertEqual(shutdown(client.fd, Int32(SHUT_WR)), 0)
-        usleep(200_000)  // the server sees the FIN while most of the body is still queued
+        // The server sees the FIN while most of the body is still queued.
+        XCTAssertTrue(client.waitForUnreadBytes(), "the server's answer never arrived")
         let big = try client.readResponse()
         XCTAssertEqual(big.body.count, HTTPServerLargeBodyTests.bigBody.count)
         XCTAssertTrue(client.waitForClose())

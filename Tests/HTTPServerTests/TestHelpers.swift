@@ -66,6 +66,18 @@ final class RawClient {
         }
     }
 
+    /// Waits (at most 5 s) until the kernel holds at least `count` received bytes that nobody has read: with a
+    /// small receive buffer, proof that the server's writes are backing up.
+    func waitForUnreadBytes(_ count: Int32 = 1) -> Bool {
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline {
+            var queued: Int32 = 0
+            if ioctl(fd, UInt(FIONREAD), &queued) == 0, queued >= count { return true }
+            usleep(2_000)
+        }
+        return false
+    }
+
     /// Reads more bytes into the buffer; false on EOF, error or timeout.
     private func fill() -> Bool {
         var chunk = [UInt8](repeating: 0, count: 65536)

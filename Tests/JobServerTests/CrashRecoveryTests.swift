@@ -46,7 +46,13 @@ final class CrashRecoveryTests: XCTestCase {
         XCTAssertEqual(post.status, 201)
         let postID = try XCTUnwrap(post.body["id"]?.stringValue)
 
-        Thread.sleep(forTimeInterval: 0.5)
+        // Kill in the middle of the big job: once part of it has settled, and before all of it has.
+        let midway = Date().addingTimeInterval(15)
+        while Date() < midway {
+            let progress = try Curl.json("GET", api + "/v1/jobs/\(accepted[0])").body["progress"]
+            if (progress?["succeeded"]?.intValue ?? 0) >= 20 { break }
+            Thread.sleep(forTimeInterval: 0.02)
+        }
         // What had settled before the kill must not run again.
         var settledBefore: [String: Set<String>] = [:]
         for id in accepted {
@@ -55,8 +61,10 @@ final class CrashRecoveryTests: XCTestCase {
                 settledBefore[id, default: []].insert(try XCTUnwrap(node["id"]?.stringValue))
             }
         }
-        // State changes are committed in batches a few milliseconds apart: let the ones seen above land.
-        Thread.sleep(forTimeInterval: 0.2)
+        // State changes are committed in order, in batches: a 201 answered after the reads above is on disk, and so
+        // is every change that was made before it.
+        let barrier = try Curl.json("POST", api + "/v1/jobs", body: #"{"graph":{"type":"fetch","url":"\#(upstream.url("/json"))"}}"#)
+        XCTAssertEqual(barrier.status, 201)
         kill(running.process.processIdentifier, SIGKILL)
         running.process.waitUntilExit()
         XCTAssertEqual(running.process.terminationReason, .uncaughtSignal)

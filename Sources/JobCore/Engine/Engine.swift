@@ -438,6 +438,8 @@ public final class Engine: @unchecked Sendable {
             m.pendingFetches = self.fetchQueue.waiting
             m.fetchesInFlight = self.fetchQueue.inFlight
             m.jobLoadFailures = self.jobLoadFailures
+            // Summed over the jobs being waited on, not over every job.
+            m.longPollsWaiting = self.waiters.values.reduce(0) { $0 + $1.count }
             let snapshot = m
             self.onReadQueue { completion(snapshot) }
         }

@@ -64,6 +64,8 @@ public struct EngineMetrics: Sendable {
     public var fetchesInFlight = 0
     /// Stored jobs that could not be read or rebuilt at start, and were failed with kind `internal`.
     public var jobLoadFailures = 0
+    /// Long-polls waiting for a job to change.
+    public var longPollsWaiting = 0
 
     public init() {}
 }

@@ -89,6 +89,8 @@ public struct FetcherStats: Sendable, Equatable {
     public var attempts = 0
     /// Transfers started and not yet completed.
     public var inFlight = 0
+    /// Transfers waiting out the backoff before a retry.
+    public var backingOff = 0
 
     /// An empty snapshot.
     public init() {}

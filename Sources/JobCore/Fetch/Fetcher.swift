@@ -394,7 +394,10 @@ final class FetchLoop: @unchecked Sendable {
 
     // The fetcher's thread only.
     private var running: [ObjectIdentifier: Transfer] = [:]
-    private var waiting: [Transfer] = []
+    /// Transfers waiting out a retry backoff; their count is published in `stats.backingOff`.
+    private var waiting: [Transfer] = [] {
+        didSet { let count = waiting.count; mutex.withLock { counters.backingOff = count } }
+    }
     private var random = SystemRandomNumberGenerator()
 
     init(configuration: FetcherConfiguration) throws {
