@@ -2,15 +2,15 @@
 #   docker build -t jobserver .
 #   docker run -p 8080:8080 -v jobserver-data:/data jobserver
 #
-# Build stage: the official Swift image plus the two -dev packages. The Swift
+# Build stage: the official Swift image plus the three -dev packages. The Swift
 # runtime (stdlib, Foundation, Dispatch) is linked statically, so the runtime
 # stage needs only the C libraries the binary links dynamically: glibc,
-# libstdc++/libgcc_s (pulled in by the static Swift runtime), libcurl and
-# libsqlite3. scripts/check-ldd.sh verifies that against the runtime package
+# libstdc++/libgcc_s (pulled in by the static Swift runtime), libcurl,
+# libsqlite3 and libpq (the PostgreSQL client library). scripts/check-ldd.sh verifies that against the runtime package
 # list below, both here at build time and on any release binary.
 FROM swift:6.3-bookworm AS build
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libcurl4-openssl-dev libsqlite3-dev
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libcurl4-openssl-dev libsqlite3-dev libpq-dev
 WORKDIR /src
 # The whole package: the manifest names the test targets too, and the server
 # may embed openapi.yaml.
@@ -27,7 +27,7 @@ RUN scripts/check-ldd.sh /out/jobserver
 # only for the HEALTHCHECK (libcurl4 does not ship the curl program).
 FROM debian:bookworm-slim
 RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libcurl4 libsqlite3-0 ca-certificates libstdc++6 curl \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libcurl4 libsqlite3-0 libpq5 ca-certificates libstdc++6 curl \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 jobserver \
  && useradd --system --uid 10001 --gid jobserver --home-dir /data --no-create-home --shell /usr/sbin/nologin jobserver \

@@ -21,9 +21,14 @@ let package = Package(
             pkgConfig: "sqlite3",
             providers: [.apt(["libsqlite3-dev"])]
         ),
+        .systemLibrary(
+            name: "CPostgres",
+            pkgConfig: "libpq",
+            providers: [.apt(["libpq-dev"])]
+        ),
         .systemLibrary(name: "CHTTPLinux"),
         .target(name: "HTTPServer", dependencies: ["CHTTPLinux"]),
-        .target(name: "JobCore", dependencies: ["CCurl", "CSQLite"], linkerSettings: [.linkedLibrary("m")]),
+        .target(name: "JobCore", dependencies: ["CCurl", "CSQLite", "CPostgres"], linkerSettings: [.linkedLibrary("m")]),
         .executableTarget(name: "JobServer", dependencies: ["HTTPServer", "JobCore"]),
         .executableTarget(name: "FetchBench", dependencies: ["JobCore"], path: "bench/FetchBench"),
         .executableTarget(name: "ParseBench", dependencies: ["JobCore"], path: "bench/ParseBench"),

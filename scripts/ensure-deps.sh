@@ -2,10 +2,10 @@
 # Installs the Debian packages a target needs when they are missing.
 # Usage: scripts/ensure-deps.sh build|test|bench
 set -euo pipefail
-want=(libcurl4-openssl-dev libsqlite3-dev pkg-config curl)
+want=(libcurl4-openssl-dev libsqlite3-dev libpq-dev pkg-config curl)
 case "${1:-build}" in
   build) ;;
-  test) want+=(jq sqlite3 python3 python3-venv) ;;
+  test) want+=(jq sqlite3 python3 python3-venv postgresql) ;;
   bench) want+=(jq sqlite3 nginx-light wrk) ;;
   *) echo "usage: $0 build|test|bench" >&2; exit 2 ;;
 esac

@@ -61,6 +61,10 @@ enum CommandLineParser {
         },
         Option(flag: "--db", help: "SQLite file, created with its folder (default ./data/jobserver.sqlite)") { c, v, _ in
             guard !v.isEmpty else { throw ConfigError(message: "--db: must not be empty") }
+            // Refused rather than taken for a file name: the PostgreSQL job store is not part of this version.
+            if v.hasPrefix("postgres://") || v.hasPrefix("postgresql://") {
+                throw ConfigError(message: "--db: PostgreSQL is not supported yet; give a SQLite file path")
+            }
             c.dbPath = v
         },
         Option(flag: "--token", help: "require Authorization: Bearer <token> (default: no auth)") { c, v, _ in
