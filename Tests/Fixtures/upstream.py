@@ -60,7 +60,8 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                                  <absolute URL>; rel="next" (and rel="last")
                                  while K < N
                          url     ?page=K, {"items": […], "next": "/pages/url?…"}
-                                 (a relative URL; ?abs=1 absolute), null last
+                                 (a relative URL; ?abs=1 absolute, ?next_host=H
+                                 absolute on host H, same port), null last
                          cursor  ?cursor=cK (none for page 1),
                                  {"data": {"items": […]}, "next_cursor": "cK+1"},
                                  "" last
@@ -455,6 +456,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, items, extra=extra)
         elif kind == "url":
             prefix = base if query.get("abs") == "1" else "/pages/url"
+            if "next_host" in query:
+                prefix = "http://%s:%s/pages/url" % (query["next_host"], host.partition(":")[2])
             nxt = "%s?page=%d%s" % (prefix, page + 1, keep) if page < n else None
             self.send_json(200, {"items": items, "next": nxt})
         elif kind == "cursor":

@@ -9,6 +9,7 @@ source "$(dirname "$0")/lib.sh"
 
 start_upstream
 start_server
+MAIN_BASE="$BASE"
 
 ids() { jq -nc "[range(1; $1 + 1) | {id: .}]"; }
 
@@ -110,6 +111,24 @@ expect_jq .state failed
 expect_jq .error.kind too_large
 expect_jq_true '.error.message | contains("max_bytes bounds the sum")'
 
+step "every page is checked against --deny-cidr: a next page on a denied address fails before connecting"
+main_db="$SERVER_DB"
+main_pid="$SERVER_PID"
+main_port="$SERVER_PORT"
+start_server --deny-cidr 127.0.0.2/32
+submit "{\"graph\": {\"type\": \"fetch\", \"url\": \"$UPSTREAM/pages/url?n=2&per=1&next_host=127.0.0.2&key=dn\",
+  \"paginate\": {\"next\": {\"url\": \"/body/next\"}, \"items\": \"/body/items\", \"same_origin\": false}}}"
+wait_settled "$JOB_ID" 20
+expect_jq .state failed
+expect_jq .error.kind connect
+expect_jq_true '.error.message | contains("127.0.0.2") and contains("denied")' "the message says the address is denied"
+expect_node "$JOB_ID" root .pages 1
+stop_server "$SERVER_PID"
+SERVER_PID="$main_pid"
+SERVER_DB="$main_db"
+SERVER_PORT="$main_port"
+BASE="$MAIN_BASE"
+
 # ------------------------------------------------------------------ 422s
 step "422 with the JSON Pointer of every bad paginate field"
 expect_422() {
@@ -145,6 +164,7 @@ wait_upstream '(.counters["k9:3"] // 0) >= 1' 15
 api GET "/v1/jobs/$k9_job/nodes/walk"
 expect_jq .state running
 expect_jq .pages 2
+expect_node "$k9_job" walk .pages 2
 kill -KILL "$SERVER_PID"
 wait "$SERVER_PID" 2>/dev/null || true
 start_server_on "$SERVER_DB"
