@@ -119,6 +119,26 @@ final class PaginateEngineTests: EngineTestCase {
         XCTAssertEqual(try settled(engine, missing.id).error?.kind, .refUnresolved)
     }
 
+    func testHeadFollowsTheLinkHeader() throws {
+        let engine = try makeEngine()
+        let job = try submit(
+            engine, page("/pages/link?n=3&per=1&key=h", #"{"next": "link"}"#, extra: #""method": "HEAD", "#))
+        let done = try settled(engine, job.id)
+        XCTAssertEqual(done.result?["pages"], 3)
+        XCTAssertEqual(done.result?["results"]?.arrayValue?.map { $0["body"] }, [.string(""), .string(""), .string("")])
+        XCTAssertEqual(try counter("h:3"), 1)
+    }
+
+    func testANextURLThatIsNotHttpFailsWithInvalidURL() throws {
+        let engine = try makeEngine()
+        // /echo answers its query in the body: the next URL read from there is ftp://….
+        let job = try submit(engine, page("/echo?ftp://127.0.0.1/x", #"{"next": {"url": "/body/query"}}"#))
+        let done = try settled(engine, job.id)
+        XCTAssertEqual(done.error?.kind, .invalidURL)
+        XCTAssertTrue(done.error?.message.contains("scheme must be http or https") == true, "\(String(describing: done.error))")
+        XCTAssertEqual(try engine.node(jobID: job.id, nodeID: "walk")?.pages, 1)
+    }
+
     func testEachPageIsRetriedAndCountsInAttempts() throws {
         let engine = try makeEngine()
         let job = try submit(
