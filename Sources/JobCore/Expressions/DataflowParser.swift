@@ -229,15 +229,15 @@ struct DataflowParser {
                 flow.query = query(value, pointer, key)
                 continue
             case "paginate" where isFetch:
-                // API.md §7.2: read here so the v1 validator never sees it; `PaginateSpec.parse` reports duplicates.
+                // API.md §7.2: taken out here, like `query`, so the v1 validator checks only v1 fields.
                 changed = true
-                let method = members.last(where: { $0.key == "method" })?.value.stringValue ?? "GET"
-                let (spec, found) = PaginateSpec.parse(value, pointer: pointer, key: key, method: method)
                 if sawPaginate {
                     issue(pointer, "duplicate field", key)
                     continue
                 }
                 sawPaginate = true
+                let method = members.last(where: { $0.key == "method" })?.value.stringValue ?? "GET"
+                let (spec, found) = PaginateSpec.parse(value, pointer: pointer, key: key, method: method)
                 issues += found
                 flow.paginate = spec
                 continue

@@ -5,6 +5,7 @@
 // the page in flight through `transfers`, as for a plain fetch.
 
 /// One paginated fetch in progress: what its pages so far gave. Lives in `JobRun.runners` while the node runs.
+/// Like the run, it is read and changed only on the engine's queue: a page's completion carries it there.
 final class PageWalk {
     let spec: PaginateSpec
     /// The first page's request; later pages differ only in `url` and `maxBytes`.
