@@ -19,6 +19,8 @@ public enum ErrorKind: String, Sendable, CaseIterable {
     case refType = "ref_type"
     /// A url built from references is not an absolute http or https URL.
     case invalidURL = "invalid_url"
+    /// A paginated fetch's next URL is on another origin than its first, and `same_origin` is true (API.md §7.2).
+    case crossOrigin = "cross_origin"
 }
 
 /// A node's or job's failure, as clients see it:

@@ -1365,6 +1365,97 @@ components:
             `too_many_redirects`.
           type: boolean
           default: true
+        paginate:
+          $ref: "#/components/schemas/Paginate"
+
+    Paginate:
+      description: |
+        Every page of a paged API, as one fetch (API.md §7.2); only on a `GET`
+        or `HEAD` fetch (on any other method: `422` at `/…/paginate`). The
+        pages are fetched one after another in the node's one fetch slot.
+        Paging stops when there is no next page (no `Link` next; nothing,
+        `null` or `""` at the pointer), when a page's `items` array is empty,
+        or after `max_pages` pages. The result is, with `items`,
+        `{"items": [every page's items, in order], "pages": N, "truncated": B,
+        "last": {"status", "headers", "url"} of the last page}`, and without
+        `{"pages": N, "truncated": B, "results": [each page's FetchResult]}`;
+        `select` applies to that result. `truncated` is true when paging
+        stopped at `max_pages` while there was a next page — not an error.
+        Every page goes through the URL rules and `--deny-cidr`, gets the
+        node's `retries`, and counts in its `attempts`; `timeout_ms` covers
+        the whole node, and cancelling aborts the page in flight. `max_bytes`
+        (or the server's limit) bounds the sum of all pages' bodies: the page
+        that goes over fails the node with kind `too_large`. A next URL that
+        is not an absolute http/https URL fails with kind `invalid_url`; with
+        `items`, a page where nothing is at the pointer fails with
+        `ref_unresolved`, and a value that is not an array with `ref_type`.
+        The node shows `pages` (fetched so far) while it runs. After a restart
+        a paginate node starts again from the first page.
+      type: object
+      additionalProperties: false
+      required: [next]
+      properties:
+        next:
+          description: |
+            How the next page is found:
+            - `"link"`: the target of the `Link` header's `rel="next"` (RFC
+              8288), relative to the page's URL.
+            - `{"url": P}`: the string at JSON Pointer `P` in the page's result
+              (e.g. `/body/next`), absolute or relative to the page's URL.
+            - `{"cursor": P, "param": "cursor"}`: the value at `P` (a string,
+              number or boolean, else kind `ref_type`) set as query parameter
+              `param` of the first URL (replacing one already there).
+            - `{"page": "page", "start": 1}`: query parameter `page` of the
+              first URL, set to `start` on the first page and counted up; needs
+              `items` (an empty page is what ends it).
+          oneOf:
+            - const: link
+            - type: object
+              additionalProperties: false
+              required: [url]
+              properties:
+                url:
+                  description: JSON Pointer into the page's result, e.g. `/body/next`
+                  type: string
+                  pattern: "^(/([^~]|~[01])*)*$"
+            - type: object
+              additionalProperties: false
+              required: [cursor]
+              properties:
+                cursor:
+                  description: JSON Pointer into the page's result, e.g. `/body/next_cursor`
+                  type: string
+                  pattern: "^(/([^~]|~[01])*)*$"
+                param:
+                  type: string
+                  minLength: 1
+                  default: cursor
+            - type: object
+              additionalProperties: false
+              required: [page]
+              properties:
+                page:
+                  description: the query parameter's name
+                  type: string
+                  minLength: 1
+                start:
+                  type: integer
+                  minimum: 0
+                  maximum: 1000000000
+                  default: 1
+        items:
+          description: JSON Pointer to the array of items in each page's result (its `FetchResult`), e.g. `/body` or `/body/items`
+          type: string
+          pattern: "^(/([^~]|~[01])*)*$"
+        max_pages:
+          type: integer
+          minimum: 1
+          maximum: 1000
+          default: 100
+        same_origin:
+          description: a next URL on another origin (scheme, host, port) than the first URL fails the node with kind `cross_origin`
+          type: boolean
+          default: true
 
     ListNode:
       description: |
@@ -1639,6 +1730,13 @@ components:
         recovered:
           description: true when the node failed and succeeded with its `recover` value
           type: boolean
+        pages:
+          description: |
+            Present on a fetch with `paginate` once it has started: the pages
+            fetched so far (API.md §7.2); it starts from 0 again when the
+            fetch runs again after a restart.
+          type: integer
+          minimum: 0
         request:
           description: |
             Present once a fetch has started (API.md §6.3): the method, the URL
@@ -1697,8 +1795,10 @@ components:
             `ref_unresolved`: a `$ref` (without `default`) or `select` found
             nothing; `ref_type`: a value of the wrong type where a string is
             needed, or a header value with CR, LF or NUL; `invalid_url`: a URL
-            built from references is not an absolute http/https URL.
-          enum: [http_status, timeout, connect, dns, tls, too_large, too_many_redirects, resource_exhausted, invalid_json, cancelled, all_failed, interrupted, internal, ref_unresolved, ref_type, invalid_url]
+            built from references (or a paginated fetch's next URL) is not an
+            absolute http/https URL. `cross_origin`: a paginated fetch's next
+            URL is on another origin than its first, and `same_origin` is true.
+          enum: [http_status, timeout, connect, dns, tls, too_large, too_many_redirects, resource_exhausted, invalid_json, cancelled, all_failed, interrupted, internal, ref_unresolved, ref_type, invalid_url, cross_origin]
         message:
           type: string
         node:

@@ -77,6 +77,8 @@ enum Presentation {
             JSONMember("error", node.error?.json ?? .null),
             JSONMember("recovered", .bool(node.recovered)),
         ]
+        // A paginated fetch shows how many pages it has fetched (so far, while it runs).
+        if let pages = node.pages { members.append(JSONMember("pages", .int(pages))) }
         // A fetch that has started shows what it sent, credentials masked.
         if let request = node.request { members.append(JSONMember("request", RequestRecord.shown(request))) }
         if includeResult { members.append(JSONMember("result", node.result ?? .null)) }

@@ -49,6 +49,25 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
   /me                    200 {"user": U} with `Authorization: Bearer <a token
                          /login gave>`; else 401 {"error": "unauthorized"}
   /ids?n=N               200 {"ids": [1, …, N], "count": N} (N defaults to 3)
+  /pages/{kind}          a paged collection of ?n=N pages (default 3) of ?per=P
+                         items (default 2): items {"id": k} numbered from 1;
+                         each hit of page K counts in counter "{key}:{K}"
+                         (?key= defaults to the kind); ?slow=K&slow_ms=D sleeps
+                         D ms (a disconnect is recorded) before answering page
+                         K; ?fail=K answers page K's first hit with 503.
+                         Kinds:
+                         link    ?page=K, body the items array, Link header
+                                 <absolute URL>; rel="next" (and rel="last")
+                                 while K < N
+                         url     ?page=K, {"items": […], "next": "/pages/url?…"}
+                                 (a relative URL; ?abs=1 absolute, ?next_host=H
+                                 absolute on host H, same port), null last
+                         cursor  ?cursor=cK (none for page 1),
+                                 {"data": {"items": […]}, "next_cursor": "cK+1"},
+                                 "" last
+                         number  ?page=K, {"items": […]}; K > N gives []
+                         cross   like link, but next goes to the other loopback
+                                 name (127.0.0.1 <-> localhost), same port
   GET /stats             {"counters":{key:n},"requests":total,"connections":
                          connections accepted (this request's own included),
                          "active":in flight,
@@ -342,6 +361,8 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/ids":
             n = int(query.get("n", "3"))
             self.send_json(200, {"ids": list(range(1, n + 1)), "count": n})
+        elif segments[1] == "pages" and arg in ("link", "url", "cursor", "number", "cross"):
+            self.pages(arg, query)
         elif path == "/headers":
             self.send_body(200, b'{"headers":true}', extra=[
                 ("Set-Cookie", "a=1"), ("X-Multi", "one"), ("Set-Cookie", "b=2"),
@@ -399,6 +420,50 @@ class Handler(BaseHTTPRequestHandler):
             left -= len(piece)
         if chunked:
             self.wfile.write(b"0\r\n\r\n")
+
+    def pages(self, kind, query):
+        n = int(query.get("n", "3"))
+        per = int(query.get("per", "2"))
+        key = query.get("key", kind)
+        if kind == "cursor":
+            cursor = query.get("cursor", "")
+            page = int(cursor[1:]) if cursor.startswith("c") and cursor[1:].isdigit() else 1
+        else:
+            page = int(query.get("page", "1"))
+        counter = "%s:%d" % (key, page)
+        with STATS.lock:
+            hits = STATS.counters.get(counter, 0) + 1
+            STATS.counters[counter] = hits
+        if query.get("slow") == str(page):
+            if not self.wait(int(query.get("slow_ms", "2000")) / 1000.0, self.path):
+                return
+        if query.get("fail") == str(page) and hits == 1:
+            self.send_json(503, {"page": page, "status": 503})
+            return
+        items = [{"id": (page - 1) * per + k + 1} for k in range(per)] if 1 <= page <= n else []
+        # The other parameters ride along to every page.
+        keep = "".join("&%s=%s" % (k, v) for k, v in sorted(query.items()) if k not in ("page", "cursor"))
+        host = self.headers.get("Host", "127.0.0.1")
+        if kind == "cross":
+            name, _, port = host.partition(":")
+            host = ("localhost" if name == "127.0.0.1" else "127.0.0.1") + ":" + port
+        base = "http://%s/pages/%s" % (host, kind)
+        if kind in ("link", "cross"):
+            extra = []
+            if page < n:
+                extra.append(("Link", '<%s?page=%d%s>; rel="next", <%s?page=%d%s>; rel="last"'
+                              % (base, page + 1, keep, base, n, keep)))
+            self.send_json(200, items, extra=extra)
+        elif kind == "url":
+            prefix = base if query.get("abs") == "1" else "/pages/url"
+            if "next_host" in query:
+                prefix = "http://%s:%s/pages/url" % (query["next_host"], host.partition(":")[2])
+            nxt = "%s?page=%d%s" % (prefix, page + 1, keep) if page < n else None
+            self.send_json(200, {"items": items, "next": nxt})
+        elif kind == "cursor":
+            self.send_json(200, {"data": {"items": items}, "next_cursor": "c%d" % (page + 1) if page < n else ""})
+        else:
+            self.send_json(200, {"items": items, "page": page})
 
     def count(self, key, query, path):
         with STATS.lock:

@@ -153,9 +153,15 @@ final class JobRun: @unchecked Sendable {
         guard !stopping, let d = deferreds[i], !d.isCalled, case .fetch(let written) = graph.nodes[i].kind else {
             return false
         }
-        let request = resolvedRequests.removeValue(forKey: i) ?? written
+        var request = resolvedRequests.removeValue(forKey: i) ?? written
+        let paginate = graph.nodes[i].dataflow?.paginate
+        if let paginate { request = PageWalk.firstRequest(request, paginate) }
         nodes[i].request = RequestRecord.json(request, keepBody: graph.nodes[i].dataflow?.buildsBody == true)
         markRunning(i)
+        if let paginate {
+            beginPaging(i, request, paginate, host: host)
+            return true
+        }
         let prior = priorAttempts[i] ?? 0
         let engine = self.engine
         transfers[i] = engine.fetcher.start(
@@ -331,7 +337,7 @@ final class JobRun: @unchecked Sendable {
     }
 
     /// Records a change of node `i`: a new version, written with the next batch.
-    private func touch(_ i: Int) {
+    func touch(_ i: Int) {
         record.version += 1
         dirtyNodes.insert(i)
         dirtyJob = true

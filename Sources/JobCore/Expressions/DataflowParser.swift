@@ -199,6 +199,7 @@ struct DataflowParser {
         var children: (member: Int, elements: [JSONValue])?
         var sawSelect = false
         var sawQuery = false
+        var sawPaginate = false
 
         for (position, member) in members.enumerated() {
             let pointer = base + "/" + JSONPointer.escape(member.key)
@@ -226,6 +227,19 @@ struct DataflowParser {
                 }
                 sawQuery = true
                 flow.query = query(value, pointer, key)
+                continue
+            case "paginate" where isFetch:
+                // API.md §7.2: taken out here, like `query`, so the v1 validator checks only v1 fields.
+                changed = true
+                if sawPaginate {
+                    issue(pointer, "duplicate field", key)
+                    continue
+                }
+                sawPaginate = true
+                let method = members.last(where: { $0.key == "method" })?.value.stringValue ?? "GET"
+                let (spec, found) = PaginateSpec.parse(value, pointer: pointer, key: key, method: method)
+                issues += found
+                flow.paginate = spec
                 continue
             case "url" where isFetch:
                 if case .object(let fields) = value {

@@ -214,6 +214,8 @@ public struct NodeDataflow: Equatable, Sendable {
     public var recover: ValueTemplate?
     /// Applied to the node's result when it succeeds.
     public var select: JSONPointerPath?
+    /// A fetch's `paginate` (API.md §7.2).
+    public var paginate: PaginateSpec?
 
     public init() {}
 

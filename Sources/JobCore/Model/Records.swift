@@ -125,6 +125,8 @@ public struct NodeRecord: Equatable, Sendable {
     public var result: JSONValue?
     /// For a fetch that has started: the request it sent, credentials included (API.md §6.3; see `RequestRecord`).
     public var request: JSONValue? = nil
+    /// For a paginated fetch that has started: the pages fetched so far (API.md §7.2).
+    public var pages: Int? = nil
 
     public init(
         jobID: String, id: String, parent: String?, position: Int, type: String, state: NodeState = .pending,

@@ -993,9 +993,9 @@ enum Columns {
     static let jobCount: Int32 = 19
 
     static let node = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, elapsed_ms, "
-        + "status, recovered, error, result, request"
+        + "status, recovered, error, result, request, pages"
     static let nodeWithoutResult = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, "
-        + "elapsed_ms, status, recovered, error, NULL, request"
+        + "elapsed_ms, status, recovered, error, NULL, request, pages"
 
     /// `columns` with each name qualified by `table`.
     static func prefixed(_ table: String, _ columns: String) -> String {
@@ -1011,10 +1011,10 @@ enum SQL {
         + "deadline_ms = ?7, version = ?8, p_total = ?9, p_pending = ?10, p_running = ?11, p_succeeded = ?12, "
         + "p_failed = ?13, p_cancelled = ?14, p_skipped = ?15, error = ?16, metadata = ?17, result = ?18 WHERE id = ?1"
     static let insertNode = "INSERT INTO nodes (\(Columns.node)) VALUES ("
-        + (1...15).map { "?\($0)" }.joined(separator: ", ") + ")"
+        + (1...16).map { "?\($0)" }.joined(separator: ", ") + ")"
     static let updateNode = "UPDATE nodes SET id = ?3, parent = ?4, type = ?5, state = ?6, attempts = ?7, "
         + "started_at = ?8, finished_at = ?9, elapsed_ms = ?10, status = ?11, recovered = ?12, error = ?13, "
-        + "result = ?14, request = ?15 WHERE job_id = ?1 AND position = ?2"
+        + "result = ?14, request = ?15, pages = ?16 WHERE job_id = ?1 AND position = ?2"
     /// Bodies of deleted jobs are not kept.
     static let upsertBody = "INSERT OR REPLACE INTO bodies (job_id, node_id, content_type, bytes) "
         + "SELECT ?1, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM jobs WHERE id = ?1)"
@@ -1092,6 +1092,7 @@ enum Rows {
         statement.bind(13, json: node.error?.json)
         statement.bind(14, json: node.result)
         statement.bind(15, json: node.request)
+        statement.bind(16, node.pages)
     }
 
     static func node(_ s: SQLiteStatement) throws -> NodeRecord {
@@ -1104,6 +1105,7 @@ enum Rows {
             elapsedMs: s.optionalInt(9), status: s.optionalInt(10), error: try error(s, 12),
             recovered: s.int64(11) != 0, result: try s.json(13, maxDepth: maxJSONDepth))
         node.request = try s.json(14, maxDepth: maxJSONDepth)
+        node.pages = s.optionalInt(15)
         return node
     }
 

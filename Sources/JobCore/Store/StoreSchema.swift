@@ -66,6 +66,8 @@ enum StoreSchema {
         """,
         // 2: the request a fetch sent, so that it is shown on node reads and sent again unchanged after a restart.
         "ALTER TABLE nodes ADD COLUMN request TEXT;",
+        // The pages a paginated fetch has fetched (API.md §7.2), shown on node reads while it runs and after.
+        "ALTER TABLE nodes ADD COLUMN pages INTEGER;",
     ]
 
     /// The version a fully migrated database has.
