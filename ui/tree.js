@@ -51,6 +51,8 @@ export class NodeTree {
     }
     this.visible = visible;
     this.spacer.style.height = `${visible.length * ROW_HEIGHT}px`;
+    // As tall as the rows up to the stylesheet's max-height; a small job gets no empty box.
+    this.viewport.style.height = `${Math.max(4, visible.length) * ROW_HEIGHT + 2}px`;
   }
 
   toggle(id) {

@@ -1,9 +1,11 @@
 // Small DOM and formatting helpers shared by the views.
 
-/** el("div.a.b", {title: "x", onclick: f}, child, "text", …): an element, with classes from the tag. */
+/** el("div#id.a.b", {title: "x", onclick: f}, child, "text", …): an element, with classes from the tag. */
 export function el(tag, attrs = {}, ...children) {
-  const [name, ...classes] = tag.split(".");
+  const [nameAndId, ...classes] = tag.split(".");
+  const [name, id] = nameAndId.split("#");
   const node = document.createElement(name || "div");
+  if (id) node.id = id;
   if (classes.length) node.className = classes.join(" ");
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === undefined || value === null || value === false) continue;

@@ -713,7 +713,7 @@ export function overviewView(main, ctx) {
 
 """#),
     "style.css": UIAsset(
-        contentType: "text/css; charset=utf-8", etag: "\"a9235d133faa245389a4\"",
+        contentType: "text/css; charset=utf-8", etag: "\"c543abc58b7f0437ca1b\"",
         text: #"""
 :root {
   --bg: #f6f7f9; --fg: #1d2330; --muted: #6b7385; --line: #d9dde5; --card: #fff; --accent: #2f5fd0;
@@ -784,7 +784,7 @@ details.block { background: var(--card); border: 1px solid var(--line); border-r
 details.block summary { cursor: pointer; font-weight: 600; margin-bottom: 6px; }
 details.block.error summary { color: var(--failed); }
 
-.tree-viewport { position: relative; height: 60vh; min-height: 240px; overflow: auto; border: 1px solid var(--line); border-radius: 6px; contain: strict; }
+.tree-viewport { position: relative; max-height: 60vh; overflow: auto; border: 1px solid var(--line); border-radius: 6px; contain: strict; }
 .tree-spacer { position: relative; }
 .tree-row { position: absolute; left: 0; right: 0; height: 26px; display: flex; align-items: center; gap: 8px; padding: 0 8px; white-space: nowrap; cursor: pointer; font-size: 13px; border-bottom: 1px solid #f0f2f5; }
 .tree-row:hover { background: #f2f5fb; }
@@ -893,7 +893,7 @@ export function submitView(main, ctx) {
 
 """#),
     "tree.js": UIAsset(
-        contentType: "text/javascript; charset=utf-8", etag: "\"4f467349e70164d15d7e\"",
+        contentType: "text/javascript; charset=utf-8", etag: "\"35c6cf7df522b8aca007\"",
         text: #"""
 // A job's node tree, drawn as an indented tree with fixed-height rows of which only those in view
 // exist in the DOM: a 10,000-node job costs the same to draw as a 30-node one.
@@ -948,6 +948,8 @@ export class NodeTree {
     }
     this.visible = visible;
     this.spacer.style.height = `${visible.length * ROW_HEIGHT}px`;
+    // As tall as the rows up to the stylesheet's max-height; a small job gets no empty box.
+    this.viewport.style.height = `${Math.max(4, visible.length) * ROW_HEIGHT + 2}px`;
   }
 
   toggle(id) {
@@ -1016,14 +1018,16 @@ export class NodeTree {
 
 """#),
     "util.js": UIAsset(
-        contentType: "text/javascript; charset=utf-8", etag: "\"2bde83acca4e25407dd1\"",
+        contentType: "text/javascript; charset=utf-8", etag: "\"78ed115336e0cf41dc90\"",
         text: #"""
 // Small DOM and formatting helpers shared by the views.
 
-/** el("div.a.b", {title: "x", onclick: f}, child, "text", …): an element, with classes from the tag. */
+/** el("div#id.a.b", {title: "x", onclick: f}, child, "text", …): an element, with classes from the tag. */
 export function el(tag, attrs = {}, ...children) {
-  const [name, ...classes] = tag.split(".");
+  const [nameAndId, ...classes] = tag.split(".");
+  const [name, id] = nameAndId.split("#");
   const node = document.createElement(name || "div");
+  if (id) node.id = id;
   if (classes.length) node.className = classes.join(" ");
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === undefined || value === null || value === false) continue;
