@@ -100,7 +100,7 @@ try:
     check(status == 201, f"submit answered {status}")
     live_id = job["id"]
     wait(css(f'tr[data-job-id="{live_id}"]'), 8, "the submitted job's row")
-    shot("jobs")
+    shot("jobs-first")
 
     # ------------------------------------------------------------------ one job, live
     step("open it: nodes turn from running to succeeded without reloading")
@@ -187,9 +187,20 @@ try:
     check(figures["since_navigation_ms"] <= 1000, f"first paint took {figures['since_navigation_ms']:.0f} ms (> 1 s)")
     check(figures["rows_in_dom"] < 200, f"{figures['rows_in_dom']} rows drawn: the tree is not virtualised")
     check(driver.find_element(By.CSS_SELECTOR, ".tree-panel h2").text.endswith("(10000)"), "the tree does not count 10000 nodes")
+    shot("job-10000")
     js("const v = document.querySelector('.tree-viewport'); v.scrollTop = v.scrollHeight")
     wait(css('.tree-row[data-node-id="root.9998"]'), 5, "the last node after scrolling to the end")
-    shot("job-10000")
+    shot("job-10000-end")
+
+    step("the list shows every job with its state; the counts and the state filter")
+    api("POST", "/v1/jobs", {"name": "will-fail", "graph": fetch("/status/503")})
+    driver.get(BASE + "/ui")
+    wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#jobs-table tr[data-job-id]")) >= 5, 5, "five jobs listed")
+    wait(css('tr[data-state="failed"]'), 8, "the failed job")
+    shot("jobs")
+    driver.find_element(By.CSS_SELECTOR, '.count[data-state="cancelled"]').click()
+    wait(lambda d: {r.get_attribute("data-state") for r in d.find_elements(By.CSS_SELECTOR, "#jobs-table tr[data-job-id]")} == {"cancelled"},
+         5, "only cancelled jobs after the filter")
     api("POST", f"/v1/jobs/{big['id']}/cancel")
 
     # ------------------------------------------------------------------ console
