@@ -455,7 +455,7 @@ export function jobView(main, ctx, id) {
 
 """#),
     "jobs.js": UIAsset(
-        contentType: "text/javascript; charset=utf-8", etag: "\"8f5c9e36ae7b484446d2\"",
+        contentType: "text/javascript; charset=utf-8", etag: "\"c6886bc61c89674a3fd0\"",
         text: #"""
 // The jobs list: newest first, by state (the server's filter) and by name (within the page shown),
 // paged with the server's cursors, with the counts by state from /metrics; refreshed every 2 s.
@@ -487,6 +487,7 @@ export function jobsView(main, ctx, params) {
   const info = el("span.muted");
   let jobs = [];
   let next = null;
+  let painted = false;
 
   main.replaceChildren(
     el(
@@ -541,6 +542,11 @@ export function jobsView(main, ctx, params) {
     older.disabled = !next;
     newer.disabled = cursors.length === 0;
     renderRows();
+    if (!painted) {
+      painted = true;
+      // The first frame with the list in it: what the browser test measures.
+      requestAnimationFrame(() => setTimeout(() => performance.mark("jobs-view-painted"), 0));
+    }
   }
 
   async function loadCounts() {

@@ -6,7 +6,7 @@
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 
-for tool in chromium chromedriver; do
+for tool in chromium chromedriver sqlite3; do
   command -v "$tool" >/dev/null || fail "$tool is missing (scripts/ensure-deps.sh test installs it)"
 done
 venv=.build/uivenv
@@ -17,7 +17,26 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import selenium' 2>/d
 fi
 
 start_upstream
+# 100,000 settled jobs stored before the dashboard is opened: one real job, copied in SQLite under older ids (a
+# prefix below every id the server gives now), each with its node, so that any of them opens.
 start_server
+submit "{\"name\":\"stored\",\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}}"
+wait_settled "$JOB_ID"
+stop_server "$SERVER_PID"
+t0="$(millis)"
+sqlite3 "$SERVER_DB" <<SQL || fail "seeding 100,000 jobs failed"
+PRAGMA journal_mode = WAL;
+BEGIN;
+CREATE TEMP TABLE n AS WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 100000) SELECT i FROM c;
+INSERT INTO jobs SELECT '01M0' || printf('%022d', n.i), 'stored-' || n.i, state, created_at - 100000 + n.i, started_at,
+  finished_at, deadline_ms, version, p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped,
+  NULL, request_hash, error, metadata, result, request FROM jobs, n WHERE jobs.id = '$JOB_ID';
+INSERT INTO nodes SELECT '01M0' || printf('%022d', n.i), position, nodes.id, parent, type, state, attempts, started_at,
+  finished_at, elapsed_ms, status, recovered, error, result, request FROM nodes, n WHERE nodes.job_id = '$JOB_ID';
+COMMIT;
+SQL
+log "stored 100,000 more jobs in $(( $(millis) - t0 )) ms"
+start_server_on "$SERVER_DB"
 plain="$BASE"
 token="ui-test-token-$RANDOM"
 start_server --token "$token"
