@@ -5,8 +5,9 @@ import { watchJob, isSettled } from "./live.js";
 import { NodeTree } from "./tree.js";
 import { el, formatTime, formatMs, pretty, progressBar, stateBadge } from "./util.js";
 
-// The node list is read again at most this often while versions arrive, so a busy 10,000-node job
-// does not have the page reading its whole tree at every change.
+// The node list is read again at most this often while versions arrive, and never more than a
+// quarter of the time, so a busy 10,000-node job does not have the page (and the server) reading
+// its whole tree at every change.
 const NODE_REFRESH_MS = 400;
 
 /** Whether this server can retry a job (POST /v1/jobs/{id}/retry); the one place the UI decides it. */
@@ -78,6 +79,8 @@ export function jobView(main, ctx, id) {
   }
 
   let nodesTimer = 0;
+  let refreshMs = NODE_REFRESH_MS;
+  let selected = null;
   let nodesLoading = false;
   let nodesAgain = false;
   async function loadNodes() {
@@ -86,11 +89,16 @@ export function jobView(main, ctx, id) {
       return;
     }
     nodesLoading = true;
+    const began = performance.now();
     try {
       const { nodes } = await getJSON(`/v1/jobs/${enc}/nodes`);
       if (!ctx.alive()) return;
       tree.setNodes(nodes);
       treeInfo.textContent = `(${nodes.length})`;
+      refreshMs = Math.max(NODE_REFRESH_MS, 3 * (performance.now() - began));
+      // The node shown in the panel is shown again when its state moved.
+      const shown = selected && nodes.find((n) => n.id === selected.id);
+      if (shown && shown.state !== selected.state) showNode(shown).catch(ctx.report);
       if (!painted) {
         painted = true;
         // The first frame with the tree in it: what the browser test measures.
@@ -115,12 +123,14 @@ export function jobView(main, ctx, id) {
     nodesTimer = setTimeout(() => {
       nodesTimer = 0;
       loadNodes().catch(ctx.report);
-    }, NODE_REFRESH_MS);
+    }, refreshMs);
   }
   ctx.onLeave(() => clearTimeout(nodesTimer));
 
   async function showNode(node) {
+    selected = { id: node.id, state: node.state };
     const full = await getJSON(`/v1/jobs/${enc}/nodes/${encodeURIComponent(node.id)}`);
+    selected.state = full.state;
     const out = el("pre#node-output");
     const show = (value) => {
       out.textContent = typeof value === "string" ? value : pretty(value);
@@ -187,7 +197,8 @@ export function jobView(main, ctx, id) {
     stopWatch();
     job = first;
     renderJob();
-    stopWatch = watchJob(id, first.version, update, ctx.report);
+    // A settled job changes no more (a retry restarts the watch with the job it answers).
+    if (!isSettled(first.state)) stopWatch = watchJob(id, first.version, update, ctx.report);
   }
   ctx.onLeave(() => stopWatch());
 
@@ -197,5 +208,9 @@ export function jobView(main, ctx, id) {
     start(first);
     retryAvailable = await canRetry();
     if (ctx.alive() && retryAvailable) renderJob();
-  })().catch(ctx.report);
+  })().catch((error) => {
+    if (error.status === 404 && ctx.alive())
+      main.replaceChildren(el("section.job", {}, el("p", {}, el("a", { href: "#/", text: "← jobs" })), el("h1", { text: `No job ${id}` }), el("p.muted", { text: "It may have been deleted, or removed after the retention period." })));
+    else ctx.report(error);
+  });
 }
