@@ -70,11 +70,15 @@ export function jobView(main, ctx, id) {
       ),
     );
     const block = (title, value, cls = "") => el(`details.block${cls}`, { open: true }, el("summary", { text: title }), el("pre", { text: pretty(value) }));
+    const present = (value) => value !== null && value !== undefined;
+    // replaceChildren would write a null as the text "null".
     sections.replaceChildren(
-      job.error ? block("Error", job.error, ".error") : null,
-      job.result !== null && job.result !== undefined ? block("Result", job.result) : null,
-      job.input !== undefined ? block("Input", job.input) : null,
-      block("Metadata", job.metadata),
+      ...[
+        present(job.error) && block("Error", job.error, ".error"),
+        present(job.result) && block("Result", job.result),
+        present(job.input) && block("Input", job.input),
+        present(job.metadata) && block("Metadata", job.metadata),
+      ].filter(Boolean),
     );
   }
 

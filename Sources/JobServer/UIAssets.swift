@@ -249,7 +249,7 @@ window.addEventListener("hashchange", route);
 
 """#),
     "job.js": UIAsset(
-        contentType: "text/javascript; charset=utf-8", etag: "\"e946f00b2dc5bab221fd\"",
+        contentType: "text/javascript; charset=utf-8", etag: "\"ef154bb4c0d21d3511f7\"",
         text: #"""
 // One job: its metadata, input, result or error, progress, the node tree (live), a node's details
 // and the actions cancel, delete and (when the server has the route) retry.
@@ -323,11 +323,15 @@ export function jobView(main, ctx, id) {
       ),
     );
     const block = (title, value, cls = "") => el(`details.block${cls}`, { open: true }, el("summary", { text: title }), el("pre", { text: pretty(value) }));
+    const present = (value) => value !== null && value !== undefined;
+    // replaceChildren would write a null as the text "null".
     sections.replaceChildren(
-      job.error ? block("Error", job.error, ".error") : null,
-      job.result !== null && job.result !== undefined ? block("Result", job.result) : null,
-      job.input !== undefined ? block("Input", job.input) : null,
-      block("Metadata", job.metadata),
+      ...[
+        present(job.error) && block("Error", job.error, ".error"),
+        present(job.result) && block("Result", job.result),
+        present(job.input) && block("Input", job.input),
+        present(job.metadata) && block("Metadata", job.metadata),
+      ].filter(Boolean),
     );
   }
 
@@ -734,7 +738,7 @@ export function overviewView(main, ctx) {
 
 """#),
     "style.css": UIAsset(
-        contentType: "text/css; charset=utf-8", etag: "\"c543abc58b7f0437ca1b\"",
+        contentType: "text/css; charset=utf-8", etag: "\"245a1b45991a3e807386\"",
         text: #"""
 :root {
   --bg: #f6f7f9; --fg: #1d2330; --muted: #6b7385; --line: #d9dde5; --card: #fff; --accent: #2f5fd0;
@@ -742,6 +746,7 @@ export function overviewView(main, ctx) {
   font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
 }
 * { box-sizing: border-box; }
+[hidden] { display: none !important; }
 body { margin: 0; background: var(--bg); color: var(--fg); }
 a { color: var(--accent); text-decoration: none; }
 a:hover { text-decoration: underline; }
@@ -796,7 +801,7 @@ table.kv td { padding: 2px 0; }
 .job-header { display: flex; align-items: center; gap: 16px; flex-wrap: wrap; }
 .job-header h1 { display: flex; align-items: center; gap: 8px; }
 .job-summary { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 4px 14px 12px; margin: 12px 0; }
-.job-body { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 14px; }
+.job-body { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 14px; align-items: start; }
 .tree-panel, .node-detail, .card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 12px; }
 .node-detail pre { margin-top: 8px; }
 .tabs { display: flex; gap: 6px; margin-top: 10px; }

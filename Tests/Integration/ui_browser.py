@@ -147,6 +147,9 @@ try:
     wait(lambda d: len(d.find_elements(By.CSS_SELECTOR, '.tree-row[data-state="cancelled"]')) == 3, 5,
          "every node cancelled in the tree")
     check(api("GET", f"/v1/jobs/{job['id']}")[1]["state"] == "cancelled", "the server does not say cancelled")
+    check(js("return [...document.querySelector('.job-sections').childNodes].every(n => n.nodeName === 'DETAILS')"),
+          "stray text beside the job's sections")
+    check("cancelled" in driver.find_element(By.CSS_SELECTOR, ".block.error").text, "the job's error is not shown")
     shot("job-cancelled")
 
     # ------------------------------------------------------------------ submit, invalid
@@ -235,6 +238,7 @@ try:
     time.sleep(0.3)  # what the page would draw in that time, it would draw now: nothing may appear
     body = driver.find_element(By.TAG_NAME, "body").text
     check("secret-job-name" not in body and not driver.find_elements(By.CSS_SELECTOR, "#jobs-table"), "data shown without the token")
+    check(not driver.find_element(By.CSS_SELECTOR, "#nav").is_displayed(), "the navigation is shown without the token")
     shot("token")
     field = driver.find_element(By.CSS_SELECTOR, "#token-input")
     field.send_keys("wrong-token")
