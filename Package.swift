@@ -29,7 +29,7 @@ let package = Package(
         .systemLibrary(name: "CHTTPLinux"),
         .target(name: "HTTPServer", dependencies: ["CHTTPLinux"]),
         .target(name: "JobCore", dependencies: ["CCurl", "CSQLite", "CPostgres"], linkerSettings: [.linkedLibrary("m")]),
-        .executableTarget(name: "JobServer", dependencies: ["HTTPServer", "JobCore"]),
+        .executableTarget(name: "JobServer", dependencies: ["HTTPServer", "JobCore", "CCurl"]),
         .executableTarget(name: "FetchBench", dependencies: ["JobCore"], path: "bench/FetchBench"),
         .executableTarget(name: "ParseBench", dependencies: ["JobCore"], path: "bench/ParseBench"),
         .executableTarget(name: "HTTPBenchServer", dependencies: ["HTTPServer"], path: "bench/HTTPBenchServer"),

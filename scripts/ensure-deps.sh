@@ -5,7 +5,9 @@ set -euo pipefail
 want=(libcurl4-openssl-dev libsqlite3-dev libpq-dev pkg-config curl)
 case "${1:-build}" in
   build) ;;
-  test) want+=(jq sqlite3 python3 python3-venv postgresql) ;;
+  # chromium and chromium-driver: the dashboard's browser test (Tests/Integration/ui.test.sh); bsdutils: script, for
+  # cli.test.sh; postgresql: the throwaway cluster of scripts/pg-cluster.sh.
+  test) want+=(jq sqlite3 python3 python3-venv chromium chromium-driver bsdutils postgresql) ;;
   bench) want+=(jq sqlite3 nginx-light wrk) ;;
   *) echo "usage: $0 build|test|bench" >&2; exit 2 ;;
 esac

@@ -86,6 +86,8 @@ final class App: @unchecked Sendable {
                 handle(route, request, exchange)
             }
         }
+        // The dashboard's files (no job data in them; the page asks for the token itself).
+        UIRoutes.add(to: router, logger: logger)
         // Without the token, an unknown route or method is a 401 too: nothing about the API shows before auth.
         router.unmatched = { [self] request, responder, response in
             responder.send(unauthorized(path: request.path, headers: request.headers) ?? response)

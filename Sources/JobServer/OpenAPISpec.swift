@@ -44,8 +44,9 @@ info:
     is still there.
 
     ## Authentication
-    When the server runs with `--token`, every route except `/healthz` needs
-    `Authorization: Bearer <token>`; without `--token` no route needs it.
+    When the server runs with `--token`, every route except `/healthz` and the
+    dashboard's files (`/ui`, `/ui/{file}`) needs `Authorization: Bearer <token>`;
+    without `--token` no route needs it.
 
     ## Errors
     Errors of the API itself are `{"error": {"code", "message", "path"?, "details"?}}`
@@ -91,7 +92,7 @@ servers:
     description: a local server (`jobserver serve`)
 
 # Without `--token` no route asks for credentials; with it, every route but
-# /healthz needs the bearer token.
+# /healthz and the dashboard's files needs the bearer token.
 security:
   - {}
   - bearerAuth: []
@@ -103,6 +104,8 @@ tags:
     description: the nodes of a job's tree
   - name: operations
     description: health, metrics and this document
+  - name: dashboard
+    description: the web dashboard's static files
 
 paths:
   /v1/jobs:
@@ -791,6 +794,70 @@ paths:
         "503":
           $ref: "#/components/responses/ShuttingDown"
 
+  /ui:
+    parameters:
+      - $ref: "#/components/parameters/RequestId"
+    get:
+      tags: [dashboard]
+      operationId: dashboard
+      summary: The web dashboard
+      description: |
+        The dashboard's page (also at `/ui/`). Its files are built into the
+        binary and hold no job data, so they are served without the bearer
+        token; the page asks for the token and sends it on its API requests.
+        Every file comes with a strong `ETag` (the hash of its content),
+        `Cache-Control: no-cache` and a `Content-Security-Policy` that lets
+        the page load and connect to this origin only.
+      security: []
+      responses:
+        "200":
+          $ref: "#/components/responses/DashboardFile"
+        "304":
+          $ref: "#/components/responses/DashboardNotModified"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+
+  /ui/{file}:
+    parameters:
+      - $ref: "#/components/parameters/RequestId"
+      - name: file
+        in: path
+        required: true
+        description: a file of the dashboard, e.g. `app.js` or `style.css`
+        schema:
+          type: string
+    get:
+      tags: [dashboard]
+      operationId: dashboardFile
+      summary: One file of the web dashboard
+      description: An HTML, CSS or JavaScript file of the dashboard, as for `/ui`.
+      security: []
+      responses:
+        "200":
+          $ref: "#/components/responses/DashboardFile"
+        "304":
+          $ref: "#/components/responses/DashboardNotModified"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "404":
+          $ref: "#/components/responses/NotFound"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+
 components:
   securitySchemes:
     bearerAuth:
@@ -893,6 +960,37 @@ components:
         application/json:
           schema:
             $ref: "#/components/schemas/ApiError"
+    DashboardFile:
+      description: the file
+      headers:
+        ETag:
+          description: the file's strong entity tag; send it as `If-None-Match` to get `304`
+          schema:
+            type: string
+        Content-Security-Policy:
+          description: "`default-src 'self'` and stricter: nothing from another origin, no inline script or style"
+          schema:
+            type: string
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
+      content:
+        text/html:
+          schema:
+            type: string
+        text/css:
+          schema:
+            type: string
+        text/javascript:
+          schema:
+            type: string
+    DashboardNotModified:
+      description: "`If-None-Match` named the file's `ETag`: no body."
+      headers:
+        ETag:
+          schema:
+            type: string
+        X-Request-Id:
+          $ref: "#/components/headers/RequestId"
     NotFound:
       description: "`not_found`: unknown route, job or node."
       headers:

@@ -6,6 +6,11 @@ import JobCore
 import Glibc
 #endif
 
+// `jobserver submit|get|jobs|cancel|watch …`: the command-line client; everything else is the server's as before.
+if let first = CommandLine.arguments.dropFirst().first, ClientCommand.names.contains(first) {
+    exit(ClientCommand.main(Array(CommandLine.arguments.dropFirst()), environment: ProcessInfo.processInfo.environment))
+}
+
 let command: Command
 do {
     command = try CommandLineParser.parse(
@@ -17,6 +22,7 @@ do {
 
 guard case .serve(let config) = command else {
     print(CommandLineParser.usage, terminator: "")
+    print("\nClient commands (jobserver COMMAND --help): submit, get, jobs, cancel, watch")
     exit(0)
 }
 
