@@ -24,15 +24,24 @@ submit "{\"name\":\"stored\",\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/j
 wait_settled "$JOB_ID"
 stop_server "$SERVER_PID"
 t0="$(millis)"
+# The columns are read from the schema, so that a new column is copied too; only the copy's identity changes.
+columns() { # TABLE COLUMN=EXPRESSION... -> the table's columns as a SELECT list, with the given ones replaced
+  local table="$1"; shift
+  sqlite3 "$SERVER_DB" "SELECT name FROM pragma_table_info('$table') ORDER BY cid" | while read -r c; do
+    local expr="$table.$c"
+    for r in "$@"; do [ "${r%%=*}" = "$c" ] && expr="${r#*=}"; done
+    printf '%s\n' "$expr"
+  done | paste -sd, -
+}
+copy_id="'01M0' || printf('%022d', n.i)"
+job_select="$(columns jobs "id=$copy_id" "name='stored-' || n.i" "created_at=jobs.created_at - 100000 + n.i" "idempotency_key=NULL")"
+node_select="$(columns nodes "job_id=$copy_id")"
 sqlite3 "$SERVER_DB" <<SQL || fail "seeding 100,000 jobs failed"
 PRAGMA journal_mode = WAL;
 BEGIN;
 CREATE TEMP TABLE n AS WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 100000) SELECT i FROM c;
-INSERT INTO jobs SELECT '01M0' || printf('%022d', n.i), 'stored-' || n.i, state, created_at - 100000 + n.i, started_at,
-  finished_at, deadline_ms, version, p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped,
-  NULL, request_hash, error, metadata, result, request FROM jobs, n WHERE jobs.id = '$JOB_ID';
-INSERT INTO nodes SELECT '01M0' || printf('%022d', n.i), position, nodes.id, parent, type, state, attempts, started_at,
-  finished_at, elapsed_ms, status, recovered, error, result, request FROM nodes, n WHERE nodes.job_id = '$JOB_ID';
+INSERT INTO jobs SELECT $job_select FROM jobs, n WHERE jobs.id = '$JOB_ID';
+INSERT INTO nodes SELECT $node_select FROM nodes, n WHERE nodes.job_id = '$JOB_ID';
 COMMIT;
 SQL
 log "stored 100,000 more jobs in $(( $(millis) - t0 )) ms"
