@@ -56,6 +56,8 @@ struct MetricsSnapshot {
     var pendingFetches = 0
     var fetchesInFlight = 0
     var jobLoadFailures = 0
+    var scheduledJobs = 0
+    var waitingForKey = 0
     /// Finished fetch attempts by outcome (`succeeded` or an error kind).
     var fetchOutcomes: [String: Int] = [:]
     /// Upper bounds of the latency buckets; a missing or infinite last bound is `+Inf`.
@@ -75,6 +77,8 @@ struct MetricsSnapshot {
         pendingFetches = engine.pendingFetches
         fetchesInFlight = engine.fetchesInFlight
         jobLoadFailures = engine.jobLoadFailures
+        scheduledJobs = engine.scheduledJobs
+        waitingForKey = engine.waitingForKey
         fetchOutcomes = fetcher.outcomes
         latencyBucketsMs = FetcherStats.latencyBoundsMs.map(Double.init)
         latencyCounts = fetcher.latencyCounts
@@ -108,6 +112,10 @@ enum PrometheusText {
         sample(&out, "jobserver_fetch_queue_depth", [], Double(m.pendingFetches))
         family(&out, "jobserver_jobs_load_failures_total", "counter", "Stored jobs that could not be loaded at start and were failed.")
         sample(&out, "jobserver_jobs_load_failures_total", [], Double(m.jobLoadFailures))
+        family(&out, "jobserver_jobs_scheduled", "gauge", "Jobs waiting in the store for their not_before.")
+        sample(&out, "jobserver_jobs_scheduled", [], Double(m.scheduledJobs))
+        family(&out, "jobserver_jobs_waiting_for_key", "gauge", "Jobs waiting for a slot of their concurrency key.")
+        sample(&out, "jobserver_jobs_waiting_for_key", [], Double(m.waitingForKey))
 
         family(&out, "jobserver_fetches_total", "counter", "Finished fetch attempts by outcome.")
         for outcome in m.fetchOutcomes.keys.sorted() {
