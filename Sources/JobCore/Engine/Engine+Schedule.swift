@@ -73,7 +73,7 @@ final class Timekeeper: @unchecked Sendable {
                 var unreadable: [UnreadableJob] = []
                 let due = try engine.store.dueJobs(atOrBeforeMs: Timestamp.nowMs(), limit: batch, unreadable: &unreadable)
                 if due.isEmpty && unreadable.isEmpty { break }
-                engine.takeDue(due, unreadable: unreadable)
+                guard engine.takeDue(due, unreadable: unreadable) else { return }
                 // Their rows, without `due_at`, are committed before the next read.
                 try engine.store.flush()
                 if due.count + unreadable.count < batch { break }
@@ -168,9 +168,10 @@ extension Engine {
     // MARK: - Jobs waiting for their time
 
     /// Rebuilds and begins jobs the timekeeper read as due, and queues their rows without `due_at`; a job that
-    /// cannot be rebuilt fails alone, with kind `internal`.
-    func takeDue(_ due: [(job: JobRecord, nodes: [NodeRecord])], unreadable: [UnreadableJob]) {
+    /// cannot be rebuilt fails alone, with kind `internal`. False (and nothing taken) once shutdown began.
+    func takeDue(_ due: [(job: JobRecord, nodes: [NodeRecord])], unreadable: [UnreadableJob]) -> Bool {
         queue.sync {
+            if shuttingDown { return false }
             var written: [JobRecord] = []
             var failed: [(JobRecord, String)] = unreadable.map { ($0.job, "the stored job could not be read: \($0.error.description)") }
             for (stored, nodes) in due {
@@ -203,6 +204,7 @@ extension Engine {
                 written.append(record)
             }
             store.enqueue(jobs: written, nodes: [], bodies: [])
+            return true
         }
     }
 
