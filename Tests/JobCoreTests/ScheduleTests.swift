@@ -100,10 +100,14 @@ final class ScheduleTests: EngineTestCase {
         let waiting = try engine.metricsNow
         XCTAssertEqual(waiting.scheduledJobs, 1)
         XCTAssertEqual(waiting.activeJobs, 0, "a job waiting for its time is not in memory")
+        XCTAssertEqual(waiting.jobsByState[.pending], 1)
         let done = try settled(engine, job.id)
         XCTAssertEqual(done.state, .succeeded)
         XCTAssertGreaterThanOrEqual(try XCTUnwrap(done.startedAt), due)
-        XCTAssertEqual(try engine.metricsNow.scheduledJobs, 0)
+        let after = try engine.metricsNow
+        XCTAssertEqual(after.scheduledJobs, 0)
+        XCTAssertEqual(after.jobsByState[.pending], 0)
+        XCTAssertEqual(after.jobsByState[.succeeded], 1)
     }
 
     func testAScheduledJobSurvivesARestart() throws {

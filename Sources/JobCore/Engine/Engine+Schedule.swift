@@ -21,6 +21,12 @@ final class Timekeeper: @unchecked Sendable {
     private var stopped = false
     /// Jobs waiting in the store for their time (owned by the engine's queue).
     var scheduledJobs = 0
+    /// Jobs taken in whose rows without `due_at` may not be committed yet, with the pass that took them: a read
+    /// may still return them, and they are skipped. On `queue`.
+    private var taken: [String: Int] = [:]
+    /// Passes so far, and the last one whose rows are known to be committed (set from the store's flush callback).
+    private var passes = 0
+    private var committedPass = 0
 
     /// Counts the waiting jobs and takes in those already due (a restart after their time).
     func start() throws {
@@ -45,9 +51,15 @@ final class Timekeeper: @unchecked Sendable {
         }
     }
 
-    /// A job was stored to wait until `dueAt` (its count is taken on the engine's queue by the caller or here).
+    /// A job was stored to wait until `dueAt`; unless `counted` (by a caller on the engine's queue), it is counted
+    /// here as waiting and as pending.
     func scheduled(dueAt: Int64, counted: Bool = false) {
-        if !counted, let engine { engine.queue.sync { scheduledJobs += 1 } }
+        if !counted, let engine {
+            engine.queue.sync {
+                scheduledJobs += 1
+                engine.jobsByState[.pending, default: 0] += 1
+            }
+        }
         queue.async {
             if let armed = self.armedAt, armed <= dueAt { return }
             self.arm(dueAt)
@@ -63,22 +75,50 @@ final class Timekeeper: @unchecked Sendable {
     }
 
     /// Takes in every job due now, in batches, then arms the timer for the next; on `queue`.
+    ///
+    /// Nothing here waits for the store's writer: a job taken in is remembered (`taken`) until a flush that
+    /// followed its pass has committed, and skipped if a read returns it meanwhile. Reads after such a commit no
+    /// longer see it, since its row was queued without `due_at` before the flush.
     private func pass() {
         guard !stopped, let engine else { return }
         armedAt = nil
+        if !taken.isEmpty {
+            let committed = committedPass
+            taken = taken.filter { $0.value > committed }
+        }
+        passes += 1
+        let pass = passes
+        let readAt = Timestamp.nowMs()
         do {
             let batch = max(1, engine.configuration.dueBatchSize)
-            // Bounded: a batch is taken per round, and what is taken is never read again.
-            for _ in 0..<10_000 {
+            var after: (dueAt: Int64, id: String)?
+            var tookAny = false
+            // Bounded: each round reads past the last row of the one before.
+            for _ in 0..<100_000 {
                 var unreadable: [UnreadableJob] = []
-                let due = try engine.store.dueJobs(atOrBeforeMs: Timestamp.nowMs(), limit: batch, unreadable: &unreadable)
-                if due.isEmpty && unreadable.isEmpty { break }
-                guard engine.takeDue(due, unreadable: unreadable) else { return }
-                // Their rows, without `due_at`, are committed before the next read.
-                try engine.store.flush()
-                if due.count + unreadable.count < batch { break }
+                let due = try engine.store.dueJobs(
+                    atOrBeforeMs: readAt, after: after, limit: batch, unreadable: &unreadable)
+                let fresh = due.filter { taken[$0.job.id] == nil }
+                let bad = unreadable.filter { taken[$0.job.id] == nil }
+                if !fresh.isEmpty || !bad.isEmpty {
+                    guard engine.takeDue(fresh, unreadable: bad) else { return }
+                    for item in fresh { taken[item.job.id] = pass }
+                    for item in bad { taken[item.job.id] = pass }
+                    tookAny = true
+                }
+                let rows = due.map { ($0.job.dueAt ?? 0, $0.job.id) } + unreadable.map { ($0.job.dueAt ?? 0, $0.job.id) }
+                guard rows.count >= batch, let last = rows.max(by: { $0 < $1 }) else { break }
+                after = (last.0, last.1)
             }
-            if let next = try engine.store.nextDueAt() { arm(next) }
+            if tookAny {
+                engine.store.flush { [weak self] _ in
+                    guard let keeper = self else { return }
+                    keeper.queue.async { keeper.committedPass = max(keeper.committedPass, pass) }
+                }
+            }
+            // Whatever was due by `readAt` has been read; a job stored later with an earlier time arms the timer
+            // itself (`scheduled`).
+            if let next = try engine.store.nextDueAt(after: readAt) { arm(next) }
         } catch {
             engine.logger.error("jobs due to start could not be read", ["error": .string("\(error)")])
             arm(Timestamp.nowMs() + 1000)
@@ -190,6 +230,9 @@ extension Engine {
             }
             timekeeper.scheduledJobs -= unreadable.count
             let now = Timestamp.nowMs()
+            if let earliest = due.compactMap(\.job.dueAt).min() {
+                logger.debug("due jobs taken in", ["jobs": .int(due.count), "late_ms": .int(Int(now - earliest))])
+            }
             for (job, reason) in failed {
                 logger.error("scheduled job failed when it was due", ["job": .string(job.id), "reason": .string(reason)])
                 var record = job

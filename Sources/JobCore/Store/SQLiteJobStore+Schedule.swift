@@ -2,10 +2,11 @@
 // `unfinishedJobs`, and the engine takes them in, a batch at a time, when they are due.
 
 extension SQLiteJobStore {
-    /// Unfinished jobs with `due_at` at or before `atOrBeforeMs`, earliest first, at most `limit`, with their nodes
-    /// (results included), from one snapshot; a job that cannot be read whole is appended to `unreadable`.
+    /// Jobs with `due_at` at or before `atOrBeforeMs` (and after `after`, in `(due_at, id)` order), earliest
+    /// first, at most `limit`, with their nodes (results included), from one snapshot; a job that cannot be read
+    /// whole is appended to `unreadable`.
     public func dueJobs(
-        atOrBeforeMs: Int64, limit: Int, unreadable: inout [UnreadableJob]
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, unreadable: inout [UnreadableJob]
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var skipped: [UnreadableJob] = []
         defer { unreadable.append(contentsOf: skipped) }
@@ -13,10 +14,13 @@ extension SQLiteJobStore {
             try db.execute("BEGIN")
             defer { try? db.execute("COMMIT") }
             let jobStatement = try db.prepare(
-                "SELECT \(Columns.job) FROM jobs WHERE due_at IS NOT NULL AND due_at <= ?1 ORDER BY due_at, id LIMIT ?2")
+                "SELECT \(Columns.job) FROM jobs WHERE due_at IS NOT NULL AND due_at <= ?1 "
+                    + "AND (due_at > ?3 OR (due_at = ?3 AND id > ?4)) ORDER BY due_at, id LIMIT ?2")
             defer { jobStatement.reset() }
             jobStatement.bind(1, atOrBeforeMs)
             jobStatement.bind(2, Int64(max(1, limit)))
+            jobStatement.bind(3, after?.dueAt ?? Int64.min)
+            jobStatement.bind(4, after?.id ?? "")
             var jobs: [JobRecord] = []
             while try jobStatement.step() {
                 do {
@@ -45,11 +49,12 @@ extension SQLiteJobStore {
         }
     }
 
-    /// The earliest `due_at` of the jobs waiting in the store, or `nil` when none waits.
-    public func nextDueAt() throws -> Int64? {
+    /// The earliest `due_at` later than `afterMs` of the jobs waiting in the store, or `nil`.
+    public func nextDueAt(after afterMs: Int64) throws -> Int64? {
         try readers.with { db in
-            let statement = try db.prepare("SELECT min(due_at) FROM jobs WHERE due_at IS NOT NULL")
+            let statement = try db.prepare("SELECT min(due_at) FROM jobs WHERE due_at > ?1")
             defer { statement.reset() }
+            statement.bind(1, afterMs)
             guard try statement.step() else { return nil }
             return statement.optionalInt64(0)
         }
