@@ -1027,7 +1027,7 @@ components:
               message: "graph.children[2].url: scheme must be http or https"
               path: /graph/children/2/url
     TooManyJobs:
-      description: "`too_many_jobs`: the server's queue of active jobs is full."
+      description: "`too_many_jobs`: the server's queue of active jobs is full (or, for a job with a `not_before` ahead, the 1,000,000 jobs that may wait for their time are)."
       headers:
         Retry-After:
           $ref: "#/components/headers/RetryAfter"
@@ -1148,7 +1148,10 @@ components:
           description: |
             API.md §8: at most `concurrency_limit` jobs with this key run at
             once; the others stay `pending`, show `queue_position`, and start
-            in submission order. 1 to 200 characters.
+            in submission order (a job with a `not_before` joins the queue
+            when its time comes). Time spent waiting counts against
+            `deadline_ms`. Survives restarts: jobs that were running keep
+            their slots. 1 to 200 characters.
           type: string
           minLength: 1
           maxLength: 200

@@ -110,6 +110,19 @@ final class ScheduleTests: EngineTestCase {
         XCTAssertEqual(after.jobsByState[.succeeded], 1)
     }
 
+    func testScheduledJobsAreRowsNotRuns() throws {
+        let engine = try makeEngine()
+        let later = Timestamp.format(Timestamp.nowMs() + 3_600_000)
+        for _ in 0..<300 {
+            _ = try submit(engine, #"{"not_before": "\#(later)", "graph": {"type": "fetch", "url": \#(u("/json"))}}"#)
+        }
+        let m = try engine.metricsNow
+        XCTAssertEqual(m.scheduledJobs, 300)
+        XCTAssertEqual(m.activeJobs, 0)
+        XCTAssertEqual(m.nodesByState.values.reduce(0, +), 0, "no node of a waiting job is in memory")
+        XCTAssertEqual(m.jobsByState[.pending], 300)
+    }
+
     func testAScheduledJobSurvivesARestart() throws {
         let first = try makeEngine()
         let due = Timestamp.nowMs() + 300
