@@ -34,7 +34,7 @@ public final class Engine: @unchecked Sendable {
     /// The nodes of the runs in memory by state.
     private var nodesByState: [NodeState: Int] = [:]
     /// The state each run's job is counted in, by job id.
-    var countedJobState: [String: NodeState] = [:]
+    private var countedJobState: [String: NodeState] = [:]
 
     /// Settled jobs change no more (but for deletion): their answers, made once, stay in memory up to a byte bound.
     let settledJobs: SettledJobCache
@@ -394,7 +394,7 @@ public final class Engine: @unchecked Sendable {
 
     /// Drops deleted jobs from the cache of settled jobs, after the store committed their deletion: a read
     /// that began before the commit counted the cache's removals and so cannot put them back.
-    func forgetDeleted(_ ids: [String]?) {
+    private func forgetDeleted(_ ids: [String]?) {
         if let ids {
             for id in ids { settledJobs.remove(id) }
         } else {
@@ -680,7 +680,7 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    func notifyWaiters(_ run: JobRun) {
+    private func notifyWaiters(_ run: JobRun) {
         guard let list = waiters[run.id] else { return }
         var remaining: [Waiter] = []
         for waiter in list {
