@@ -176,6 +176,25 @@ final class ScheduleTests: EngineTestCase {
         }
     }
 
+    func testAJobWaitingForItsKeyShowsItsPlaceAndCanBeCancelled() throws {
+        let engine = try makeEngine()
+        let key = "gate-cancel-\(UUID().uuidString)"
+        let first = try submit(engine, #"{"concurrency_key": "g", "graph": {"type": "fetch", "url": \#(u("/delay/300"))}}"#)
+        let second = try submit(engine, #"{"concurrency_key": "g", "graph": {"type": "fetch", "url": \#(u("/count/\(key)"))}}"#)
+        let third = try submit(engine, #"{"concurrency_key": "g", "graph": {"type": "fetch", "url": \#(u("/json"))}}"#)
+        XCTAssertEqual(second.queuePosition, 1)
+        XCTAssertEqual(third.queuePosition, 2)
+        XCTAssertEqual(try engine.metricsNow.waitingForKey, 2)
+        guard case .cancelling(let cancelled) = try cancel(engine, second.id) else { return XCTFail("not cancelling") }
+        XCTAssertEqual(cancelled.state, .cancelled)
+        XCTAssertEqual(try XCTUnwrap(try engine.job(id: third.id)).queuePosition, 1)
+        XCTAssertEqual(try settled(engine, first.id).state, .succeeded)
+        XCTAssertEqual(try settled(engine, third.id).state, .succeeded)
+        XCTAssertEqual(try settled(engine, second.id).state, .cancelled)
+        XCTAssertEqual(try counter(key), 0, "a cancelled waiting job made its request")
+        XCTAssertEqual(try engine.metricsNow.waitingForKey, 0)
+    }
+
     func testJobsRunningBeforeARestartKeepTheirSlots() throws {
         let first = try makeEngine()
         let a = try submit(first, #"{"concurrency_key": "r", "graph": {"type": "fetch", "url": \#(u("/delay/300"))}}"#)
