@@ -6,10 +6,11 @@ import Synchronization
 /// The routes of API.md §2.
 enum Route: CaseIterable {
     case submitJob, listJobs, getJob, deleteJob, cancelJob, listNodes, getNode, getNodeBody, health, metrics, openAPI
+    case retryJob
 
     var method: String {
         switch self {
-        case .submitJob, .cancelJob: return "POST"
+        case .submitJob, .cancelJob, .retryJob: return "POST"
         case .deleteJob: return "DELETE"
         default: return "GET"
         }
@@ -20,6 +21,7 @@ enum Route: CaseIterable {
         case .submitJob, .listJobs: return "/v1/jobs"
         case .getJob, .deleteJob: return "/v1/jobs/{id}"
         case .cancelJob: return "/v1/jobs/{id}/cancel"
+        case .retryJob: return "/v1/jobs/{id}/retry"
         case .listNodes: return "/v1/jobs/{id}/nodes"
         case .getNode: return "/v1/jobs/{id}/nodes/{node}"
         case .getNodeBody: return "/v1/jobs/{id}/nodes/{node}/body"
@@ -37,6 +39,8 @@ enum Route: CaseIterable {
         case .submitJob, .deleteJob, .listJobs, .getNodeBody: return true
         // A cancel is answered from the store's commit callback and holds no thread meanwhile.
         case .cancelJob, .getJob, .listNodes, .getNode, .health, .metrics, .openAPI: return false
+        // Answered from the store's commit callback, as a cancel is.
+        case .retryJob: return false
         }
     }
 }
@@ -162,6 +166,7 @@ final class App: @unchecked Sendable {
             case .getJob: try getJob(request, exchange)
             case .deleteJob: try deleteJob(request, exchange)
             case .cancelJob: cancelJob(request, exchange)
+            case .retryJob: retryJob(request, exchange)
             case .listNodes: try listNodes(request, exchange)
             case .getNode: try getNode(request, exchange)
             case .getNodeBody: try getNodeBody(request, exchange)
@@ -312,6 +317,30 @@ final class App: @unchecked Sendable {
                 exchange.send(Self.jobNotFound(id))
             case .failure(let error as EngineError) where error.isShuttingDown:
                 exchange.send(Self.error(503, "shutting_down", "the server is shutting down; cancel again after it restarts"))
+            case .failure(let error):
+                exchange.send(internalError(error, exchange))
+            }
+        }
+    }
+
+    /// Answers once the reset job is committed, so that a `202` survives a crash (API.md §8).
+    private func retryJob(_ request: APIRequest, _ exchange: Exchange) {
+        let id = request.pathParameters["id"] ?? ""
+        engine.retry(id: id) { [self] outcome in
+            switch outcome {
+            case .success(.retrying(let job)):
+                exchange.send(Self.json(202, Presentation.job(job)))
+            case .success(.notRetryable(let job)):
+                exchange.send(
+                    Self.error(409, "conflict", "job \(id) is \(job.state.rawValue); only a failed or cancelled job can be retried"))
+            case .success(.notFound):
+                exchange.send(Self.jobNotFound(id))
+            case .success(.queueFull):
+                var response = Self.error(429, "too_many_jobs", "too many pending and running jobs; retry later")
+                response.headers.set("Retry-After", "1")
+                exchange.send(response)
+            case .failure(let error as EngineError) where error.isShuttingDown:
+                exchange.send(Self.error(503, "shutting_down", "the server is shutting down; retry again after it restarts"))
             case .failure(let error):
                 exchange.send(internalError(error, exchange))
             }

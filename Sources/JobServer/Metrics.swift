@@ -57,6 +57,8 @@ struct MetricsSnapshot {
     var fetchesInFlight = 0
     var jobLoadFailures = 0
     var longPollsWaiting = 0
+    var scheduledJobs = 0
+    var waitingForKey = 0
     /// Finished fetch attempts by outcome (`succeeded` or an error kind).
     var fetchOutcomes: [String: Int] = [:]
     /// Upper bounds of the latency buckets; a missing or infinite last bound is `+Inf`.
@@ -77,6 +79,8 @@ struct MetricsSnapshot {
         fetchesInFlight = engine.fetchesInFlight
         jobLoadFailures = engine.jobLoadFailures
         longPollsWaiting = engine.longPollsWaiting
+        scheduledJobs = engine.scheduledJobs
+        waitingForKey = engine.waitingForKey
         fetchOutcomes = fetcher.outcomes
         latencyBucketsMs = FetcherStats.latencyBoundsMs.map(Double.init)
         latencyCounts = fetcher.latencyCounts
@@ -112,6 +116,10 @@ enum PrometheusText {
         sample(&out, "jobserver_jobs_load_failures_total", [], Double(m.jobLoadFailures))
         family(&out, "jobserver_long_polls_waiting", "gauge", "Long-polls waiting for a job to change.")
         sample(&out, "jobserver_long_polls_waiting", [], Double(m.longPollsWaiting))
+        family(&out, "jobserver_jobs_scheduled", "gauge", "Jobs waiting in the store for their not_before.")
+        sample(&out, "jobserver_jobs_scheduled", [], Double(m.scheduledJobs))
+        family(&out, "jobserver_jobs_waiting_for_key", "gauge", "Jobs waiting for a slot of their concurrency key.")
+        sample(&out, "jobserver_jobs_waiting_for_key", [], Double(m.waitingForKey))
 
         family(&out, "jobserver_fetches_total", "counter", "Finished fetch attempts by outcome.")
         for outcome in m.fetchOutcomes.keys.sorted() {

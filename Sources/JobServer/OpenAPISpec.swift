@@ -496,6 +496,62 @@ paths:
         "503":
           $ref: "#/components/responses/Unavailable"
 
+  /v1/jobs/{id}/retry:
+    parameters:
+      - $ref: "#/components/parameters/JobId"
+      - $ref: "#/components/parameters/RequestId"
+    post:
+      tags: [jobs]
+      operationId: retryJob
+      summary: Run a failed or cancelled job again
+      description: |
+        API.md §8. The same job runs again: nodes that succeeded (and every
+        node under one) keep their results and are not run again; every other
+        node is reset to `pending` (its attempts, times, status, error and
+        result cleared) and runs. The job's `attempt` grows by one, `version`
+        keeps growing, `result`, `error`, `started_at` and `finished_at` are
+        cleared, and its `deadline_ms` counts from the retry. A job whose
+        `not_before` is still ahead (one cancelled while it waited) waits for
+        it again; a job with a `concurrency_key` takes its place in the key's
+        queue by its id.
+        `202` with the job, sent only once the reset is on disk (as a cancel
+        is), so a crash after it cannot undo the retry. `409 conflict` on a
+        pending, running or succeeded job. `429 too_many_jobs` when the server
+        already has `--max-active-jobs` pending and running jobs. No request
+        body is expected; one, if sent, is ignored.
+      responses:
+        "202":
+          description: the job, reset and running again (or waiting for its key or its time)
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            application/json:
+              schema:
+                $ref: "#/components/schemas/Job"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "404":
+          $ref: "#/components/responses/NotFound"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
+        "409":
+          $ref: "#/components/responses/Conflict"
+        "413":
+          $ref: "#/components/responses/PayloadTooLarge"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
+        "429":
+          $ref: "#/components/responses/TooManyJobs"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/Unavailable"
+
   /v1/jobs/{id}/nodes:
     parameters:
       - $ref: "#/components/parameters/JobId"
@@ -726,7 +782,9 @@ paths:
         nodes, fetches by outcome, a fetch latency histogram, HTTP requests by
         route and status, queue depths, long-polls waiting
         (`jobserver_long_polls_waiting`), stored jobs that could not be loaded at
-        start (`jobserver_jobs_load_failures_total`), and the job store's health:
+        start (`jobserver_jobs_load_failures_total`), jobs waiting in the store
+        for their `not_before` (`jobserver_jobs_scheduled`) and for a slot of
+        their concurrency key (`jobserver_jobs_waiting_for_key`), and the job store's health:
         `jobserver_store_degraded` (1 while writes fail and are retried),
         `jobserver_store_write_failures_total`, `jobserver_store_pending_changes`
         (records waiting for the store) and `jobserver_store_dropped_changes_total`
@@ -1015,7 +1073,7 @@ components:
       description: |
         `conflict`: an `Idempotency-Key` reused with a different body; a cancel
         of a job that already succeeded or failed; a delete of a pending or
-        running job.
+        running job; a retry of a pending, running or succeeded job.
       headers:
         X-Request-Id:
           $ref: "#/components/headers/RequestId"
@@ -1068,7 +1126,7 @@ components:
               message: "graph.children[2].url: scheme must be http or https"
               path: /graph/children/2/url
     TooManyJobs:
-      description: "`too_many_jobs`: the server's queue of active jobs is full."
+      description: "`too_many_jobs`: the server's queue of active jobs is full (or, for a job with a `not_before` ahead, the 1,000,000 jobs that may wait for their time are)."
       headers:
         Retry-After:
           $ref: "#/components/headers/RetryAfter"
@@ -1175,6 +1233,36 @@ components:
             object. Nodes read it as `/input` in `$ref` expressions (API.md
             §6.1). It is data: expressions inside it are neither read nor
             refused.
+        not_before:
+          description: |
+            API.md §8: the job stays `pending` until this time (RFC 3339 with
+            a zone, `Z` or `±HH:MM`; fractions past the millisecond are cut),
+            also across restarts; it waits in the store, not in memory, and
+            starts within about 100 ms of it. A time in the past starts the
+            job at once. At most 366 days ahead, else `422` with path
+            `/not_before`. `deadline_ms` counts from this time.
+          type: string
+          format: date-time
+        concurrency_key:
+          description: |
+            API.md §8: at most `concurrency_limit` jobs with this key run at
+            once; the others stay `pending`, show `queue_position`, and start
+            in submission order (a job with a `not_before` joins the queue
+            when its time comes). Time spent waiting counts against
+            `deadline_ms`. Survives restarts: jobs that were running keep
+            their slots. 1 to 200 characters.
+          type: string
+          minLength: 1
+          maxLength: 200
+        concurrency_limit:
+          description: |
+            How many jobs of `concurrency_key` may run at once (1–1000,
+            default 1); only with a `concurrency_key`. When jobs of one key
+            give different limits, the first waiting job's limit decides when
+            it starts.
+          type: integer
+          minimum: 1
+          maximum: 1000
 
     NodeId:
       description: |
@@ -1721,7 +1809,7 @@ components:
       description: The fields of a job (API.md §1.4); `result` is left out of lists.
       type: object
       additionalProperties: false
-      required: [id, name, state, created_at, started_at, finished_at, progress, error, metadata, version]
+      required: [id, name, state, created_at, started_at, finished_at, progress, error, metadata, attempt, version]
       properties:
         id:
           description: opaque; sorts by creation time
@@ -1753,6 +1841,27 @@ components:
           description: |
             the submitted `input`, unchanged; present only on a job that was
             given one, and (like `result`) not in lists
+        not_before:
+          description: the submitted `not_before` (API.md §8), in UTC with milliseconds; only on a job given one
+          $ref: "#/components/schemas/Timestamp"
+        concurrency_key:
+          description: the submitted `concurrency_key`; only on a job given one
+          type: string
+        concurrency_limit:
+          description: the job's `concurrency_limit` (1 when not given); only on a job with a `concurrency_key`
+          type: integer
+          minimum: 1
+          maximum: 1000
+        queue_position:
+          description: |
+            Only while the job waits for a slot of its `concurrency_key`:
+            1 for the next job of the key to start, 2 for the one after it…
+          type: integer
+          minimum: 1
+        attempt:
+          description: runs of the job; 1 at first, one more at each `POST /v1/jobs/{id}/retry`
+          type: integer
+          minimum: 1
         version:
           description: grows by at least one at every change of any node's state
           type: integer

@@ -55,8 +55,23 @@ enum Presentation {
         ]
         // Only a job given an input shows it, and like `result` only on the job itself, not in listings.
         if includeResult, let input = job.input { members.append(JSONMember("input", input)) }
+        members += scheduling(job)
         members.append(JSONMember("version", .int(job.version)))
         return .object(members)
+    }
+
+    /// API.md §8: `attempt` always; `not_before`, `concurrency_key` and `concurrency_limit` when given;
+    /// `queue_position` while the job waits for a slot of its key.
+    static func scheduling(_ job: JobRecord) -> [JSONMember] {
+        var members: [JSONMember] = []
+        if let notBefore = job.notBefore { members.append(JSONMember("not_before", time(notBefore))) }
+        if let key = job.concurrencyKey {
+            members.append(JSONMember("concurrency_key", .string(key)))
+            members.append(JSONMember("concurrency_limit", .int(job.concurrencyLimit ?? 1)))
+        }
+        if let position = job.queuePosition { members.append(JSONMember("queue_position", .int(position))) }
+        members.append(JSONMember("attempt", .int(job.attempt)))
+        return members
     }
 
     /// The bytes of `GET /v1/jobs/{id}`'s answer: the job object with its result.

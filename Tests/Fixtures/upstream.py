@@ -26,6 +26,9 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          (?fail_status=429 to choose the status,
                          ?retry_after=S adds Retry-After: S); ?delay_ms=D
                          sleeps D ms before answering
+  /span/{key}            records when the request began and ended under key
+                         (?tag=T labels it, ?delay_ms=D sleeps D ms first);
+                         200 {"key":key,"tag":T}; see "spans" in /stats
   /echo, /echo/*         200 {"method","path","query","headers":{lowercased
                          name: value},"body":"<utf8 text>"}
   /headers               200 with two Set-Cookie, two X-Multi and an X-Upper header
@@ -73,7 +76,9 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          "active":in flight,
                          "max_active":high-water mark of concurrent requests,
                          "max_active_by_path_prefix":{"/delay":n,...},
-                         "disconnects":[{"path":p,"at":epoch seconds}]}
+                         "disconnects":[{"path":p,"at":epoch seconds}],
+                         "spans":{key:[{"tag":T,"start":s,"end":s}]} in
+                         order of arrival, epoch seconds}
   POST /stats/reset      resets everything above; 200 {"reset":true}
 /stats and /stats/reset are not counted in requests/active.
 """
@@ -114,6 +119,7 @@ class Stats:
         self.active_by_prefix = {}
         self.max_active_by_prefix = {}
         self.disconnects = []
+        self.spans = {}
 
     def begin(self, prefix):
         with self.lock:
@@ -139,6 +145,7 @@ class Stats:
                 "max_active": self.max_active,
                 "max_active_by_path_prefix": dict(self.max_active_by_prefix),
                 "disconnects": list(self.disconnects),
+                "spans": {k: list(v) for k, v in self.spans.items()},
             }
 
 
@@ -324,6 +331,14 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_json(302, {"redirect": n - 1}, extra=[("Location", "/redirect/%d" % (n - 1))])
         elif path == "/redirect-to":
             self.send_json(302, {"redirect": query.get("url", "")}, extra=[("Location", query.get("url", "/"))])
+        elif segments[1] == "span" and arg:
+            span = {"tag": query.get("tag", ""), "start": time.time(), "end": None}
+            with STATS.lock:
+                STATS.spans.setdefault(arg, []).append(span)
+            if self.wait(int(query.get("delay_ms", "0")) / 1000.0, path):
+                with STATS.lock:
+                    span["end"] = time.time()
+                self.send_json(200, {"key": arg, "tag": span["tag"]})
         elif segments[1] == "count" and arg:
             self.count(arg, query, path)
         elif path == "/echo" or path.startswith("/echo/"):

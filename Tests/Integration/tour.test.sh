@@ -30,7 +30,7 @@ expect_jq '.finished_at' null
 expect_jq_true '.version >= 1' "version starts at 1 or more"
 expect_jq_true ".created_at | test(\"$ts_re\")" "created_at is RFC 3339 UTC with milliseconds"
 expect_jq '[keys[]] | sort | join(",")' \
-  "created_at,error,finished_at,id,metadata,name,progress,result,started_at,state,version"
+  "attempt,created_at,error,finished_at,id,metadata,name,progress,result,started_at,state,version"
 expect_jq '.progress | keys | sort | join(",")' \
   "cancelled,done,failed,pending,percent,running,skipped,succeeded,total"
 

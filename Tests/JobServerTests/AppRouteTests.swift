@@ -38,7 +38,7 @@ final class AppRouteTests: XCTestCase {
         XCTAssertEqual(
             job.objectValue?.map(\.key),
             ["id", "name", "state", "created_at", "started_at", "finished_at", "progress", "result", "error",
-             "metadata", "version"])
+             "metadata", "attempt", "version"])
         XCTAssertEqual(job["name"], "one")
         XCTAssertEqual(job["progress"]?["total"], 1)
         let fetched = harness.call(.getJob, id: id)
@@ -270,6 +270,23 @@ final class AppRouteTests: XCTestCase {
         let answer = try XCTUnwrap(box.wait(5))
         XCTAssertEqual(answer.status, 200)
         XCTAssertGreaterThan(answer.json?["version"]?.intValue ?? 0, version)
+    }
+
+    // MARK: Retry (API.md §8)
+
+    func testRetryAnswers202WithTheNextAttemptAnd409WhenNotFailedOrCancelled() throws {
+        let id = harness.submit(fetchJob(upstream.url("/status/503")))
+        XCTAssertEqual(harness.settled(id)?["state"], "failed")
+        let retried = harness.call(.retryJob, id: id)
+        XCTAssertEqual(retried.status, 202, retried.text)
+        XCTAssertEqual(retried.json?["attempt"]?.intValue, 2)
+        XCTAssertEqual(harness.settled(id)?["attempt"]?.intValue, 2)
+        let running = harness.submit(fetchJob(upstream.url("/hang")))
+        let conflict = harness.call(.retryJob, id: running)
+        XCTAssertEqual(conflict.status, 409, conflict.text)
+        XCTAssertEqual(conflict.errorCode, "conflict")
+        _ = harness.call(.cancelJob, id: running)
+        XCTAssertEqual(harness.call(.retryJob, id: "01NOSUCHJOB").status, 404)
     }
 
     func testWaitForUnknownJobIs404() {

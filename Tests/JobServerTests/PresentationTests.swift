@@ -27,7 +27,7 @@ final class PresentationTests: XCTestCase {
                 + #""created_at":"2026-12-02T08:11:28.123Z","started_at":"2026-12-02T08:11:28.124Z","finished_at":null,"#
                 + #""progress":{"total":3,"pending":1,"running":1,"succeeded":1,"failed":0,"cancelled":0,"skipped":0,"#
                 + #""done":1,"percent":33.3},"result":null,"error":null,"metadata":{"requested_by":"nightly-sync"},"#
-                + #""version":5}"#)
+                + #""attempt":1,"version":5}"#)
     }
 
     func testSettledJobShowsResultOrErrorAndNullName() {
@@ -42,7 +42,7 @@ final class PresentationTests: XCTestCase {
             #"{"id":"j","name":null,"state":"succeeded","created_at":"2026-12-02T08:11:28.123Z","#
                 + #""started_at":"2026-12-02T08:11:28.123Z","finished_at":"2026-12-02T08:11:28.123Z","#
                 + #""progress":{"total":1,"pending":0,"running":0,"succeeded":1,"failed":0,"cancelled":0,"skipped":0,"#
-                + #""done":1,"percent":100.0},"result":{"status":200},"error":null,"metadata":null,"version":3}"#)
+                + #""done":1,"percent":100.0},"result":{"status":200},"error":null,"metadata":null,"attempt":1,"version":3}"#)
         job.state = .failed
         job.result = nil
         job.error = NodeError(.httpStatus, "GET http://x answered 503", node: "root.1", status: 503)
@@ -51,12 +51,24 @@ final class PresentationTests: XCTestCase {
         XCTAssertEqual(value["error"]?.text, #"{"kind":"http_status","message":"GET http://x answered 503","node":"root.1","status":503}"#)
     }
 
+    func testSchedulingFieldsStandBeforeTheVersion() {
+        var job = JobRecord(id: "j", createdAt: t0, request: .null, version: 2)
+        job.notBefore = t0
+        job.concurrencyKey = "nightly"
+        job.concurrencyLimit = 3
+        job.queuePosition = 4
+        job.attempt = 2
+        let keys = Presentation.job(job).objectValue?.map(\.key).suffix(6)
+        XCTAssertEqual(keys.map(Array.init), ["not_before", "concurrency_key", "concurrency_limit", "queue_position", "attempt", "version"])
+        XCTAssertEqual(Presentation.job(job)["not_before"], "2026-12-02T08:11:28.123Z")
+    }
+
     func testListedJobHasNoResultField() {
         let job = JobRecord(id: "j", createdAt: t0, request: .null, result: .string("big"))
         let list = Presentation.jobList([job], nextCursor: "next")
         let keys = list["jobs"]?.arrayValue?.first?.objectValue?.map(\.key)
         XCTAssertEqual(keys, ["id", "name", "state", "created_at", "started_at", "finished_at", "progress", "error",
-                              "metadata", "version"])
+                              "metadata", "attempt", "version"])
         XCTAssertEqual(list["next_cursor"], "next")
         XCTAssertEqual(Presentation.jobList([], nextCursor: nil).text, #"{"jobs":[],"next_cursor":null}"#)
     }

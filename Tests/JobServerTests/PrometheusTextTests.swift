@@ -55,6 +55,12 @@ final class PrometheusTextTests: XCTestCase {
             # HELP jobserver_jobs_load_failures_total Stored jobs that could not be loaded at start and were failed.
             # TYPE jobserver_jobs_load_failures_total counter
             jobserver_jobs_load_failures_total 0
+            # HELP jobserver_jobs_scheduled Jobs waiting in the store for their not_before.
+            # TYPE jobserver_jobs_scheduled gauge
+            jobserver_jobs_scheduled 0
+            # HELP jobserver_jobs_waiting_for_key Jobs waiting for a slot of their concurrency key.
+            # TYPE jobserver_jobs_waiting_for_key gauge
+            jobserver_jobs_waiting_for_key 0
             # HELP jobserver_fetches_total Finished fetch attempts by outcome.
             # TYPE jobserver_fetches_total counter
             jobserver_fetches_total{outcome="http_status"} 2

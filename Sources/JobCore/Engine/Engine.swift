@@ -16,21 +16,21 @@ public final class Engine: @unchecked Sendable {
     let scheduler: DeferredScheduler
 
     // Owned by `queue`.
-    private var runs: [String: JobRun] = [:]
-    private var unsettledJobs = 0
+    var runs: [String: JobRun] = [:]
+    var unsettledJobs = 0
     private var dirtyRuns: [ObjectIdentifier: JobRun] = [:]
     private var flushScheduled = false
     private var pumpScheduled = false
     private var fetchQueue: FetchQueue
-    private var waiters: [String: [Waiter]] = [:]
+    var waiters: [String: [Waiter]] = [:]
     private var idGenerator = JobIDGenerator()
-    private var shuttingDown = false
+    var shuttingDown = false
     private var sweepTimer: DispatchSourceTimer?
     private var retiring: [JobRun] = []
     private var retireScheduled = false
     // Owned by `queue`: what `/metrics` shows, kept as the engine goes so that a scrape reads no store.
     /// Every stored job by state: from the store at start, then moved at each state change, delete and sweep.
-    private var jobsByState: [NodeState: Int] = [:]
+    var jobsByState: [NodeState: Int] = [:]
     /// The nodes of the runs in memory by state.
     private var nodesByState: [NodeState: Int] = [:]
     /// The state each run's job is counted in, by job id.
@@ -46,6 +46,10 @@ public final class Engine: @unchecked Sendable {
     var readQueues: [DispatchQueue] { reads.queues }
     /// Stored jobs that could not be read or rebuilt at start (and were failed).
     private var jobLoadFailures = 0
+    /// Owned by `queue`: the running and waiting jobs of each concurrency key (API.md §8).
+    var gate = ConcurrencyGate()
+    /// Jobs waiting in the store for their `not_before`, and the one timer for the earliest (API.md §8).
+    let timekeeper = Timekeeper()
 
     /// - Parameters:
     ///   - store: where jobs live.
@@ -66,6 +70,7 @@ public final class Engine: @unchecked Sendable {
         self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
         self.scheduler = DispatchQueueScheduler(queue: queue)
         self.fetchQueue = FetchQueue(maxTotal: configuration.maxConcurrentFetches, maxPerHost: configuration.maxPerHost)
+        timekeeper.engine = self
     }
 
     // MARK: - Start and stop
@@ -112,8 +117,13 @@ public final class Engine: @unchecked Sendable {
         let counts = try store.jobCounts()
         queue.sync {
             jobsByState = counts
-            for (run, storedState) in runs {
+            // Jobs that were running hold their concurrency keys' slots before any waiting job is let in.
+            for (run, storedState) in runs where storedState == .running {
                 // `activate` counts the job again in the state it resumes in.
+                jobsByState[storedState, default: 0] -= 1
+                activate(run, resumed: true)
+            }
+            for (run, storedState) in runs where storedState != .running {
                 jobsByState[storedState, default: 0] -= 1
                 activate(run)
             }
@@ -122,6 +132,7 @@ public final class Engine: @unchecked Sendable {
             logger.info("recovered jobs", ["resumed": .int(runs.count), "failed": .int(refused.count)])
         }
         startSweeping()
+        try timekeeper.start()
     }
 
     /// Settles as `cancelled` the nodes left pending or running in settled jobs (a `cancel_remaining: false`
@@ -166,7 +177,7 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    private func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) throws -> JobRun {
+    func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) throws -> JobRun {
         let spec = try JobSpec.parse(job.request, limits: configuration.limits.forStoredJobs)
         guard spec.graph.nodes.count == stored.count else {
             throw EngineError.invalidStoredJob("the graph has \(spec.graph.nodes.count) nodes, the store \(stored.count)")
@@ -227,6 +238,7 @@ public final class Engine: @unchecked Sendable {
             shuttingDown = true
             sweepTimer?.cancel()
             sweepTimer = nil
+            timekeeper.stop()
             flushDirty()
             for run in runs.values { run.stop() }
         }
@@ -258,13 +270,16 @@ public final class Engine: @unchecked Sendable {
     public func submit(
         _ spec: JobSpec, request: JSONValue, idempotencyKey: String?, requestBytes: [UInt8]? = nil
     ) throws -> SubmitOutcome {
+        let now = Timestamp.nowMs()
+        // A job that waits for its time waits in the store, not among the active jobs.
+        let dueAt = spec.schedule.notBefore.flatMap { $0 > now ? $0 : nil }
         let (refusal, id): (SubmitOutcome?, String) = queue.sync {
             if shuttingDown { return (.shuttingDown, "") }
-            if unsettledJobs >= configuration.maxActiveJobs { return (.queueFull, "") }
+            if dueAt == nil, unsettledJobs >= configuration.maxActiveJobs { return (.queueFull, "") }
+            if dueAt != nil, timekeeper.scheduledJobs >= configuration.maxScheduledJobs { return (.queueFull, "") }
             return (nil, idGenerator.next(nowMs: Timestamp.nowMs()))
         }
         if let refusal { return refusal }
-        let now = Timestamp.nowMs()
         var progress = Progress()
         progress.total = spec.graph.nodes.count
         progress.pending = spec.graph.nodes.count
@@ -272,6 +287,10 @@ public final class Engine: @unchecked Sendable {
             id: id, name: spec.name, state: .pending, createdAt: now, request: request, metadata: spec.metadata,
             deadlineMs: spec.deadlineMs, version: 1, progress: progress)
         job.input = spec.input
+        job.notBefore = spec.schedule.notBefore
+        job.dueAt = dueAt
+        job.concurrencyKey = spec.schedule.concurrencyKey
+        job.concurrencyLimit = spec.schedule.concurrencyLimit
         let nodes = spec.graph.nodes.map { node in
             NodeRecord(
                 jobID: id, id: node.id, parent: node.parent.map { spec.graph.nodes[$0].id }, position: node.index,
@@ -283,14 +302,18 @@ public final class Engine: @unchecked Sendable {
         switch outcome {
         case .created:
             logger.info("job created", ["job": .string(id), "nodes": .int(nodes.count)])
+            if let dueAt {
+                timekeeper.scheduled(dueAt: dueAt)
+                return .created(job)
+            }
             let snapshot: JobRecord = queue.sync {
                 let run = JobRun(engine: self, graph: spec.graph, record: job, nodes: nodes)
                 activate(run)
-                return run.record
+                return shownRecord(run)
             }
             return .created(snapshot)
         case .existing(let existing):
-            return .existing(queue.sync { runs[existing.id]?.record } ?? existing)
+            return .existing(queue.sync { runs[existing.id].map(shownRecord) } ?? existing)
         case .conflict(let existing):
             return .conflict(existing)
         }
@@ -299,13 +322,16 @@ public final class Engine: @unchecked Sendable {
     /// How the store's writes are going (`/healthz`, `/metrics`).
     public var storeHealth: StoreHealth { store.health }
 
-    private func activate(_ run: JobRun) {
+    /// Takes a run in and begins it, or keeps it waiting for its concurrency key (`resumed`: it was running when
+    /// the server stopped, and takes a slot at once) or, with `hold`, does not begin it at all (it is about to be
+    /// cancelled).
+    func activate(_ run: JobRun, resumed: Bool = false, hold: Bool = false) {
         runs[run.id] = run
         if !run.record.state.isSettled { unsettledJobs += 1 }
         countedJobState[run.id] = run.record.state
         jobsByState[run.record.state, default: 0] += 1
         for state in NodeState.allCases { nodesByState[state, default: 0] += run.record.progress[state] }
-        run.begin()
+        if !hold { admit(run, resumed: resumed) }
         // A rebuilt run may have changed before it began (nodes settled as left over, a job that only missed
         // its last write): those changes go with the next batch.
         if run.dirtyJob || !run.dirtyNodes.isEmpty { markDirty(run) }
@@ -330,7 +356,7 @@ public final class Engine: @unchecked Sendable {
             completion(.success(.settled(settled)))
             return
         }
-        read(id, live: { .record($0.record) }, stored: { try self.readStoredJob(id: id) }, completion)
+        read(id, live: { .record(self.shownRecord($0)) }, stored: { try self.readStoredJob(id: id) }, completion)
     }
 
     /// Answers from the run in memory (looked at on `queue`), else from `stored` (on a read queue).
@@ -362,7 +388,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// A job no longer in memory, as a record, without its submitted request.
-    private func storedJob(id: String) throws -> JobRecord? {
+    func storedJob(id: String) throws -> JobRecord? {
         try store.jobWithoutRequest(id: id)
     }
 
@@ -388,7 +414,7 @@ public final class Engine: @unchecked Sendable {
         }
         queue.sync {
             for k in page.jobs.indices {
-                if let live = runs[page.jobs[k].id]?.record, state == nil || live.state == state {
+                if let live = runs[page.jobs[k].id].map(shownRecord), state == nil || live.state == state {
                     page.jobs[k] = live
                 }
             }
@@ -440,6 +466,8 @@ public final class Engine: @unchecked Sendable {
             m.jobLoadFailures = self.jobLoadFailures
             // Summed over the jobs being waited on, not over every job.
             m.longPollsWaiting = self.waiters.values.reduce(0) { $0 + $1.count }
+            m.scheduledJobs = self.timekeeper.scheduledJobs
+            m.waitingForKey = self.gate.waitingCount
             let snapshot = m
             self.onReadQueue { completion(snapshot) }
         }
@@ -462,6 +490,7 @@ public final class Engine: @unchecked Sendable {
             case .succeeded, .failed, .skipped: return completion(.success(.alreadySettled(job)))
             case .pending, .running: break
             }
+            if job.dueAt != nil { return timekeeper.cancelWaiting(id: id, completion) }
             // Unfinished in the store yet not running here when we looked: it started, or finished and was
             // retired (which happens only once its last state is committed), between the two looks.
             if let live = queue.sync(execute: { cancelLive(id) }) { return answerAfterCommit(live, completion) }
@@ -478,7 +507,7 @@ public final class Engine: @unchecked Sendable {
 
     /// Cancels the job if this engine runs it and hands its nodes' new states to the store; on the queue.
     /// `nil` when the job is not in memory.
-    private func cancelLive(_ id: String) -> Result<CancelOutcome, Error>? {
+    func cancelLive(_ id: String) -> Result<CancelOutcome, Error>? {
         guard let run = runs[id] else { return nil }
         if shuttingDown || run.stopping { return .failure(EngineError.shuttingDown("the server is shutting down")) }
         switch run.record.state {
@@ -493,7 +522,7 @@ public final class Engine: @unchecked Sendable {
 
     /// Passes `outcome` on once everything handed to the store so far is committed. An answer about a job in
     /// memory waits too: its state may still be on its way to the disk.
-    private func answerAfterCommit(
+    func answerAfterCommit(
         _ outcome: Result<CancelOutcome, Error>, _ completion: @escaping @Sendable (Result<CancelOutcome, Error>) -> Void
     ) {
         guard case .success(let answer) = outcome else { return completion(outcome) }
@@ -522,6 +551,7 @@ public final class Engine: @unchecked Sendable {
         if let active { return .active(active) }
         try store.flush()
         let state = try store.jobState(id: id)
+        if let state, !state.isSettled, let job = try store.jobWithoutRequest(id: id) { return .active(job) }
         guard try store.deleteJob(id: id) else { return .notFound }
         forgetDeleted([id])
         if let state { queue.async { self.jobsByState[state, default: 0] -= 1 } }
@@ -542,7 +572,7 @@ public final class Engine: @unchecked Sendable {
         let registration: Registration = queue.sync {
             guard let run = runs[id] else { return .notRunning(shuttingDown: shuttingDown) }
             if waiter.isSatisfied(by: run.record) || shuttingDown || timeoutMs <= 0 {
-                waiter.fire(run.record)
+                waiter.fire(shownRecord(run))
                 return .answered
             }
             waiters[id, default: []].append(waiter)
@@ -558,7 +588,7 @@ public final class Engine: @unchecked Sendable {
             let timer = DispatchWorkItem { [weak self, waiter] in
                 guard let self, !waiter.done else { return }
                 self.dropWaiter(waiter, jobID: id)
-                waiter.fire(self.runs[id]?.record ?? (try? self.storedJob(id: id)) ?? nil)
+                waiter.fire(self.runs[id].map(self.shownRecord) ?? (try? self.storedJob(id: id)) ?? nil)
             }
             if waiter.arm(timer) { queue.asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer) }
             return waiter
@@ -572,6 +602,8 @@ public final class Engine: @unchecked Sendable {
                 waiter.fire(job)
                 return nil
             }
+            // A job waiting in the store for its time is answered as soon as it changes, as a running one is.
+            if job.dueAt != nil { return waitForScheduled(waiter, id: id, timeoutMs: timeoutMs) }
             let timer = DispatchWorkItem { [weak self, waiter] in
                 waiter.fire((try? self?.storedJob(id: id)) ?? nil)
             }
@@ -583,7 +615,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Forgets a waiter that will not be answered through `notifyWaiters`; on the queue.
-    private func dropWaiter(_ waiter: Waiter, jobID: String) {
+    func dropWaiter(_ waiter: Waiter, jobID: String) {
         waiters[jobID]?.removeAll { $0 === waiter }
         if waiters[jobID]?.isEmpty == true { waiters[jobID] = nil }
     }
@@ -604,7 +636,7 @@ public final class Engine: @unchecked Sendable {
         schedulePump()
     }
 
-    private func schedulePump() {
+    func schedulePump() {
         guard !pumpScheduled else { return }
         pumpScheduled = true
         queue.async { self.pumpFetches() }
@@ -627,7 +659,7 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Hands the changes of this turn to the store in one batch and answers the long-polls they satisfy.
-    private func flushDirty() {
+    func flushDirty() {
         flushScheduled = false
         guard !dirtyRuns.isEmpty else { return }
         var jobs: [JobRecord] = []
@@ -654,14 +686,17 @@ public final class Engine: @unchecked Sendable {
         guard let list = waiters[run.id] else { return }
         var remaining: [Waiter] = []
         for waiter in list {
-            if waiter.isSatisfied(by: run.record) { waiter.fire(run.record) } else { remaining.append(waiter) }
+            if waiter.isSatisfied(by: run.record) { waiter.fire(shownRecord(run)) } else { remaining.append(waiter) }
         }
         waiters[run.id] = remaining.isEmpty ? nil : remaining
     }
 
     func jobStateChanged(_ run: JobRun) {
         logger.info("job state", ["job": .string(run.id), "state": .string(run.record.state.rawValue), "version": .int(run.record.version)])
-        if run.record.state.isSettled { unsettledJobs -= 1 }
+        if run.record.state.isSettled {
+            unsettledJobs -= 1
+            leaveGate(run)
+        }
         let state = run.record.state
         if let counted = countedJobState[run.id], counted != state {
             jobsByState[counted, default: 0] -= 1
@@ -700,7 +735,7 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    private func forget(_ run: JobRun) {
+    func forget(_ run: JobRun) {
         guard runs[run.id] === run else { return }
         runs[run.id] = nil
         countedJobState[run.id] = nil

@@ -14,6 +14,10 @@ public struct EngineConfiguration: Sendable {
     public var sweepIntervalMs = 60_000
     /// Settled jobs' answers kept in memory, in bytes (bodies, ids and a fixed overhead per entry); 0 keeps none.
     public var settledCacheBytes = 64 << 20
+    /// At most this many jobs waiting in the store for their `not_before`; more such submissions are refused (429).
+    public var maxScheduledJobs = 1_000_000
+    /// Due jobs taken from the store into memory per read.
+    public var dueBatchSize = 500
 
     public init() {}
 }
@@ -66,8 +70,23 @@ public struct EngineMetrics: Sendable {
     public var jobLoadFailures = 0
     /// Long-polls waiting for a job to change.
     public var longPollsWaiting = 0
+    /// Jobs waiting in the store for their `not_before`.
+    public var scheduledJobs = 0
+    /// Jobs waiting for a slot of their concurrency key.
+    public var waitingForKey = 0
 
     public init() {}
+}
+
+/// What `Engine.retry` did.
+public enum RetryOutcome: Sendable {
+    /// The job runs again (or waits again for its `not_before`); durable when this is answered.
+    case retrying(JobRecord)
+    /// The job is pending, running or succeeded.
+    case notRetryable(JobRecord)
+    case notFound
+    /// Too many jobs are pending or running.
+    case queueFull
 }
 
 /// Why the engine refused a request.

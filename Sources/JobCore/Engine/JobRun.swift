@@ -64,7 +64,9 @@ final class JobRun: @unchecked Sendable {
     /// Starts the job: its deadline, then its root.
     func begin() {
         if let deadline = record.deadlineMs, !record.state.isSettled {
-            let elapsed = max(0, Timestamp.nowMs() - record.createdAt)
+            // A job that waited for its `not_before`, or runs again after a retry, has its whole deadline from then.
+            let since = max(record.createdAt, record.notBefore ?? 0, record.retriedAt ?? 0)
+            let elapsed = max(0, Timestamp.nowMs() - since)
             let remaining = max(0, Int64(deadline) - elapsed)
             deadlineTimer = engine.scheduler.schedule(afterMilliseconds: Int(remaining)) { [weak self] in
                 self?.deadlinePassed()
@@ -353,7 +355,12 @@ final class JobRun: @unchecked Sendable {
         if let root = deferreds[0] {
             root.cancel()
         } else {
+            // Never begun (waiting for its time or its concurrency key): nothing runs, the job ends here.
             endUnstarted(0, as: .cancelled)
+            if nodes[0].state == .cancelled, !stopping {
+                nodes[0].error = NodeError(.cancelled, "job cancelled", node: nodes[0].id)
+                finishJob(fromRootResult: nil)
+            }
         }
     }
 

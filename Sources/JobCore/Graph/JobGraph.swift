@@ -290,6 +290,8 @@ public struct JobSpec: Equatable, Sendable {
     public var graph: JobGraph
     /// The job's `input`, which nodes read as `/input` (API.md §6.1).
     public var input: JSONValue?
+    /// `not_before` and the concurrency key (API.md §8).
+    public var schedule = ScheduleOptions()
 
     /// A job spec from parts already validated.
     public init(name: String? = nil, deadlineMs: Int? = nil, metadata: JSONValue? = nil, graph: JobGraph) {
@@ -313,9 +315,12 @@ public struct JobSpec: Equatable, Sendable {
         var dataflow = DataflowParser(limits: limits)
         dataflow.parse(body)
         for issue in dataflow.issues { validator.issues.add(issue.pointer, issue.message, key: issue.key) }
-        let spec = validator.validate(dataflow.body)
+        let scheduling = ScheduleOptions.take(from: dataflow.body, nowMs: Timestamp.nowMs())
+        for issue in scheduling.issues { validator.issues.add(issue.pointer, issue.message, key: issue.key) }
+        let spec = validator.validate(scheduling.body)
         if let error = validator.issues.finish() { throw error }
         guard var spec else { throw ValidationError(issues: [ValidationIssue(pointer: "", message: "invalid job")]) }
+        spec.schedule = scheduling.options
         try spec.attachDataflow(dataflow)
         return spec
     }

@@ -81,6 +81,19 @@ public struct JobRecord: Equatable, Sendable {
     public var progress: Progress
     /// The job's `input` (API.md §6.1), kept apart from `request` so that reads without the request show it.
     public var input: JSONValue? = nil
+    /// Scheduling (API.md §8): the time the job may start, or `nil`.
+    public var notBefore: Int64? = nil
+    /// While the job waits in the store for `notBefore`: that time; `nil` once the engine has taken it in.
+    public var dueAt: Int64? = nil
+    /// At most `concurrencyLimit` running jobs share this key (API.md §8).
+    public var concurrencyKey: String? = nil
+    public var concurrencyLimit: Int? = nil
+    /// Runs of the job: 1, then one more at each retry.
+    public var attempt = 1
+    /// When the latest retry began, or `nil`: the deadline counts from then.
+    public var retriedAt: Int64? = nil
+    /// Not stored: the job's place in its concurrency key's queue while it waits there (1 = next).
+    public var queuePosition: Int? = nil
 
     public init(
         id: String, name: String? = nil, state: NodeState = .pending, createdAt: Int64, startedAt: Int64? = nil,

@@ -216,4 +216,17 @@ public protocol JobStore: AnyObject, Sendable {
 
     /// Commits what is queued and releases the database; later calls throw kind `closed`.
     func close()
+
+    /// Jobs waiting in the store for their `not_before` (`due_at` set) that are due by `atOrBeforeMs`, in
+    /// `(due_at, id)` order after `after`, at most `limit`, with their nodes; a job that cannot be read is
+    /// appended to `unreadable`.
+    func dueJobs(
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, unreadable: inout [UnreadableJob]
+    ) throws -> [(job: JobRecord, nodes: [NodeRecord])]
+
+    /// The earliest `due_at` later than `afterMs` of the jobs waiting in the store, or `nil`.
+    func nextDueAt(after afterMs: Int64) throws -> Int64?
+
+    /// How many jobs wait in the store for their time.
+    func scheduledJobCount() throws -> Int
 }

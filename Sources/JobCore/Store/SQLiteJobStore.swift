@@ -36,7 +36,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     private let logger: Logger
     private let queue: WriteQueue
-    private let readers: ReaderPool
+    let readers: ReaderPool
     private let writerThread: StoreThread
     private let writerStatus: WriterStatus
     private let closeMonitor = StoreMonitor()
@@ -274,7 +274,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
             try db.execute("BEGIN")
             defer { try? db.execute("COMMIT") }
             let unfinished = "('\(NodeState.pending.rawValue)', '\(NodeState.running.rawValue)')"
-            let jobStatement = try db.prepare("SELECT \(Columns.job) FROM jobs WHERE state IN \(unfinished) ORDER BY id")
+            let jobStatement = try db.prepare("SELECT \(Columns.job) FROM jobs WHERE state IN \(unfinished) AND due_at IS NULL ORDER BY id")
             defer { jobStatement.reset() }
             var jobs: [JobRecord] = []
             while try jobStatement.step() {
@@ -288,7 +288,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
             if jobs.isEmpty { return [] }
 
             let nodeStatement = try db.prepare(
-                "SELECT \(Columns.prefixed("n", Columns.node)) FROM jobs j JOIN nodes n ON n.job_id = j.id WHERE j.state IN \(unfinished)")
+                "SELECT \(Columns.prefixed("n", Columns.node)) FROM jobs j JOIN nodes n ON n.job_id = j.id WHERE j.state IN \(unfinished) AND j.due_at IS NULL")
             defer { nodeStatement.reset() }
             var byJob: [String: [NodeRecord]] = [:]
             byJob.reserveCapacity(jobs.count)
@@ -809,8 +809,8 @@ final class StoreWriter: @unchecked Sendable {
         let insert = try db.prepare(SQL.insertJob)
         Rows.bind(job, to: insert)
         insert.bind(19, json: job.request)
-        insert.bind(20, request.idempotencyKey)
-        insert.bind(21, request.requestHash)
+        insert.bind(26, request.idempotencyKey)
+        insert.bind(27, request.requestHash)
         try insert.run()
         if db.changes == 0 {
             // ON CONFLICT (idempotency_key) DO NOTHING: the key is taken.
@@ -978,19 +978,23 @@ final class ReaderPool: @unchecked Sendable {
 /// Column lists shared by the statements and `Rows`, which reads them by index.
 enum Columns {
     static let job = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
-        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, request"
+        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, request, "
+        + Columns.schedule
     /// Listings leave out the two columns that may be large.
     static let listedJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
-        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, NULL, NULL"
+        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, NULL, NULL, "
+        + Columns.schedule
     /// What reads show: `request`, which may be large and is only needed to rebuild a job, is left out but for
     /// its `input` (SQLite picks it out, so the request is never parsed in Swift): the `request` of a job read so
     /// is `{"input": …}` when it was given one, else `null`.
     static let shownJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, "
         + "CASE WHEN NOT json_valid(request) THEN NULL WHEN json_type(request, '$.input') IS NULL THEN NULL "
-        + "ELSE json_object('input', json(request -> '$.input')) END"
+        + "ELSE json_object('input', json(request -> '$.input')) END, " + Columns.schedule
     /// How many columns `job` has.
-    static let jobCount: Int32 = 19
+    static let jobCount: Int32 = 25
+    /// API.md §8, columns 19–24 of `job`.
+    static let schedule = "not_before, due_at, concurrency_key, concurrency_limit, attempt, retried_at"
 
     static let node = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, elapsed_ms, "
         + "status, recovered, error, result, request, pages"
@@ -1005,11 +1009,13 @@ enum Columns {
 
 enum SQL {
     static let insertJob = "INSERT INTO jobs (\(Columns.job), idempotency_key, request_hash) VALUES ("
-        + (1...21).map { "?\($0)" }.joined(separator: ", ") + ") ON CONFLICT (idempotency_key) DO NOTHING"
+        + (1...27).map { "?\($0)" }.joined(separator: ", ") + ") ON CONFLICT (idempotency_key) DO NOTHING"
     /// Everything but `request`, which never changes.
     static let updateJob = "UPDATE jobs SET name = ?2, state = ?3, created_at = ?4, started_at = ?5, finished_at = ?6, "
         + "deadline_ms = ?7, version = ?8, p_total = ?9, p_pending = ?10, p_running = ?11, p_succeeded = ?12, "
-        + "p_failed = ?13, p_cancelled = ?14, p_skipped = ?15, error = ?16, metadata = ?17, result = ?18 WHERE id = ?1"
+        + "p_failed = ?13, p_cancelled = ?14, p_skipped = ?15, error = ?16, metadata = ?17, result = ?18, "
+        + "not_before = ?20, due_at = ?21, concurrency_key = ?22, concurrency_limit = ?23, attempt = ?24, "
+        + "retried_at = ?25 WHERE id = ?1"
     static let insertNode = "INSERT INTO nodes (\(Columns.node)) VALUES ("
         + (1...16).map { "?\($0)" }.joined(separator: ", ") + ")"
     static let updateNode = "UPDATE nodes SET id = ?3, parent = ?4, type = ?5, state = ?6, attempts = ?7, "
@@ -1042,6 +1048,12 @@ enum Rows {
         statement.bind(16, json: job.error?.json)
         statement.bind(17, json: job.metadata)
         statement.bind(18, json: job.result)
+        statement.bind(20, job.notBefore)
+        statement.bind(21, job.dueAt)
+        statement.bind(22, job.concurrencyKey)
+        statement.bind(23, job.concurrencyLimit)
+        statement.bind(24, job.attempt)
+        statement.bind(25, job.retriedAt)
     }
 
     /// What can be read of a job row whose JSON columns cannot: the id, counters and times, without
@@ -1072,6 +1084,12 @@ enum Rows {
             progress: progress)
         // The input is part of the submitted body; listings, which leave the body out, have none.
         job.input = job.request["input"]
+        job.notBefore = s.optionalInt64(19)
+        job.dueAt = s.optionalInt64(20)
+        job.concurrencyKey = s.string(21)
+        job.concurrencyLimit = s.optionalInt(22)
+        job.attempt = max(1, s.int(23))
+        job.retriedAt = s.optionalInt64(24)
         return job
     }
 

@@ -66,8 +66,19 @@ enum StoreSchema {
         """,
         // 2: the request a fetch sent, so that it is shown on node reads and sent again unchanged after a restart.
         "ALTER TABLE nodes ADD COLUMN request TEXT;",
-        // The pages a paginated fetch has fetched (API.md §7.2), shown on node reads while it runs and after.
+        // 3: the pages a paginated fetch has fetched (API.md §7.2), shown on node reads while it runs and after.
         "ALTER TABLE nodes ADD COLUMN pages INTEGER;",
+        // 4: when and beside which jobs a job runs (API.md §8), and its runs. `due_at` is set while a job with a
+        // future `not_before` waits in the store, not in memory; the partial index finds the next due ones.
+        """
+        ALTER TABLE jobs ADD COLUMN not_before INTEGER;
+        ALTER TABLE jobs ADD COLUMN due_at INTEGER;
+        ALTER TABLE jobs ADD COLUMN concurrency_key TEXT;
+        ALTER TABLE jobs ADD COLUMN concurrency_limit INTEGER;
+        ALTER TABLE jobs ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1;
+        ALTER TABLE jobs ADD COLUMN retried_at INTEGER;
+        CREATE INDEX jobs_due_at ON jobs (due_at, id) WHERE due_at IS NOT NULL;
+        """,
     ]
 
     /// The version a fully migrated database has.
