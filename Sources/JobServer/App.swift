@@ -61,6 +61,9 @@ final class App: @unchecked Sendable {
     private let shutdownLock = NSLock()
     private var shuttingDown = false
 
+    /// The webhook deliveries, for `/metrics`; set once by `Service` before the server starts.
+    var webhooks: WebhookOutbox?
+
     /// `jobserver_http_requests_total`, fed by `makeServerConfiguration()`'s `onResponse`.
     let httpRequests = HTTPRequestCounter()
 
@@ -388,9 +391,10 @@ final class App: @unchecked Sendable {
     }
 
     private func metrics(_ exchange: Exchange) {
-        engine.metrics { [engine, fetcher, httpRequests] metrics in
+        engine.metrics { [engine, fetcher, httpRequests, webhooks] metrics in
             let snapshot = MetricsSnapshot(engine: metrics, fetcher: fetcher.stats, http: httpRequests.snapshot)
             let text = PrometheusText.render(snapshot) + StoreHealthText.metrics(engine.storeHealth)
+                + PrometheusText.webhooks(webhooks?.stats ?? WebhookStats())
             exchange.send(
                 HTTPResponse(
                     status: 200, headers: HTTPHeaders([("Content-Type", PrometheusText.contentType)]),

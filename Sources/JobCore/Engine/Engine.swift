@@ -46,6 +46,9 @@ public final class Engine: @unchecked Sendable {
     var readQueues: [DispatchQueue] { reads.queues }
     /// Stored jobs that could not be read or rebuilt at start (and were failed).
     private var jobLoadFailures = 0
+    /// A stored job's webhook delivery state (`notify`), looked up on a read queue when the job is read from the
+    /// store. Set once, before `start()`.
+    public var notifyStatus: (@Sendable (String) -> NotifyStatus?)?
 
     /// - Parameters:
     ///   - store: where jobs live.
@@ -354,7 +357,8 @@ public final class Engine: @unchecked Sendable {
     private func readStoredJob(id: String) throws -> JobRead {
         // Taken before the read: a delete meanwhile must not be undone by keeping what was read before it.
         let removals = settledJobs.removals
-        guard let job = try store.jobWithoutRequest(id: id) else { return .notFound }
+        guard var job = try store.jobWithoutRequest(id: id) else { return .notFound }
+        job.notify = notifyStatus?(id)
         guard job.state.isSettled, let renderSettled else { return .record(job) }
         let settled = SettledJob(id: job.id, version: job.version, body: renderSettled(job))
         settledJobs.insert(settled, ifNoRemovalSince: removals)
@@ -363,7 +367,9 @@ public final class Engine: @unchecked Sendable {
 
     /// A job no longer in memory, as a record, without its submitted request.
     private func storedJob(id: String) throws -> JobRecord? {
-        try store.jobWithoutRequest(id: id)
+        guard var job = try store.jobWithoutRequest(id: id) else { return nil }
+        job.notify = notifyStatus?(id)
+        return job
     }
 
     /// Drops deleted jobs from the cache of settled jobs, after the store committed their deletion: a read

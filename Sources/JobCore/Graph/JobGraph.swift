@@ -290,6 +290,8 @@ public struct JobSpec: Equatable, Sendable {
     public var graph: JobGraph
     /// The job's `input`, which nodes read as `/input` (API.md §6.1).
     public var input: JSONValue?
+    /// Where the completion webhook goes (API.md §8 `notify`).
+    public var notify: NotifyTarget? = nil
 
     /// A job spec from parts already validated.
     public init(name: String? = nil, deadlineMs: Int? = nil, metadata: JSONValue? = nil, graph: JobGraph) {
@@ -311,12 +313,15 @@ public struct JobSpec: Equatable, Sendable {
     public static func parse(_ body: JSONValue, limits: Limits = Limits()) throws -> JobSpec {
         var validator = GraphValidator(limits: limits)
         var dataflow = DataflowParser(limits: limits)
-        dataflow.parse(body)
+        let notify = NotifyParser.extract(body)
+        for issue in notify.issues { validator.issues.add(issue.pointer, issue.message, key: issue.key) }
+        dataflow.parse(notify.body)
         for issue in dataflow.issues { validator.issues.add(issue.pointer, issue.message, key: issue.key) }
         let spec = validator.validate(dataflow.body)
         if let error = validator.issues.finish() { throw error }
         guard var spec else { throw ValidationError(issues: [ValidationIssue(pointer: "", message: "invalid job")]) }
         try spec.attachDataflow(dataflow)
+        spec.notify = notify.target
         return spec
     }
 }

@@ -81,6 +81,9 @@ public struct JobRecord: Equatable, Sendable {
     public var progress: Progress
     /// The job's `input` (API.md §6.1), kept apart from `request` so that reads without the request show it.
     public var input: JSONValue? = nil
+    /// The `notify` webhook's delivery (API.md §8), when read from the outbox; `nil` for a live record, whose
+    /// delivery is pending if its request has a `notify`.
+    public var notify: NotifyStatus? = nil
 
     public init(
         id: String, name: String? = nil, state: NodeState = .pending, createdAt: Int64, startedAt: Int64? = nil,

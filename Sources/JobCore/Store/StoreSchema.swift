@@ -66,6 +66,40 @@ enum StoreSchema {
         """,
         // 2: the request a fetch sent, so that it is shown on node reads and sent again unchanged after a restart.
         "ALTER TABLE nodes ADD COLUMN request TEXT;",
+        // 3: the outbox of `notify` webhooks (API.md §8): one row per job that asked for one. The triggers write it in
+        // the transaction that inserts the job and in the one that settles it, so a settled job's delivery is as
+        // durable as its state, whatever writes that state.
+        """
+        CREATE TABLE webhook_outbox (
+            job_id TEXT NOT NULL PRIMARY KEY,
+            url TEXT NOT NULL,
+            state TEXT NOT NULL,
+            delivery TEXT,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_status INTEGER,
+            last_error TEXT,
+            settled_at INTEGER,
+            next_attempt_at INTEGER
+        );
+        CREATE INDEX webhook_outbox_due ON webhook_outbox (next_attempt_at) WHERE state = 'pending';
+        CREATE TRIGGER webhook_outbox_on_insert AFTER INSERT ON jobs
+        WHEN json_type(NEW.request, '$.notify.url') = 'text'
+        BEGIN
+            INSERT OR REPLACE INTO webhook_outbox (job_id, url, state)
+            VALUES (NEW.id, json_extract(NEW.request, '$.notify.url'), 'waiting');
+        END;
+        CREATE TRIGGER webhook_outbox_on_settle AFTER UPDATE OF state ON jobs
+        WHEN NEW.state IN ('succeeded', 'failed', 'cancelled', 'skipped') AND OLD.state IN ('pending', 'running')
+        BEGIN
+            UPDATE webhook_outbox SET state = 'pending', delivery = NEW.id || '.' || NEW.version, attempts = 0,
+                last_status = NULL, last_error = NULL, settled_at = coalesce(NEW.finished_at, 0), next_attempt_at = 0
+            WHERE job_id = NEW.id;
+        END;
+        CREATE TRIGGER webhook_outbox_on_delete AFTER DELETE ON jobs
+        BEGIN
+            DELETE FROM webhook_outbox WHERE job_id = OLD.id AND state <> 'pending';
+        END;
+        """,
     ]
 
     /// The version a fully migrated database has.
