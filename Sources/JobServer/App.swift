@@ -6,6 +6,7 @@ import Synchronization
 /// The routes of API.md §2.
 enum Route: CaseIterable {
     case submitJob, listJobs, getJob, deleteJob, cancelJob, listNodes, getNode, getNodeBody, health, metrics, openAPI
+    case jobEvents
 
     var method: String {
         switch self {
@@ -23,6 +24,7 @@ enum Route: CaseIterable {
         case .listNodes: return "/v1/jobs/{id}/nodes"
         case .getNode: return "/v1/jobs/{id}/nodes/{node}"
         case .getNodeBody: return "/v1/jobs/{id}/nodes/{node}/body"
+        case .jobEvents: return "/v1/jobs/{id}/events"
         case .health: return "/healthz"
         case .metrics: return "/metrics"
         case .openAPI: return "/openapi.yaml"
@@ -37,6 +39,8 @@ enum Route: CaseIterable {
         case .submitJob, .deleteJob, .listJobs, .getNodeBody: return true
         // A cancel is answered from the store's commit callback and holds no thread meanwhile.
         case .cancelJob, .getJob, .listNodes, .getNode, .health, .metrics, .openAPI: return false
+        // A stream holds no thread: the engine writes its events as they happen.
+        case .jobEvents: return false
         }
     }
 }
@@ -61,6 +65,8 @@ final class App: @unchecked Sendable {
     private let shutdownLock = NSLock()
     private var shuttingDown = false
 
+    /// The open event streams of `GET /v1/jobs/{id}/events`.
+    let eventStreams: EventStreams
     /// The webhook deliveries, for `/metrics`; set once by `Service` before the server starts.
     var webhooks: WebhookOutbox?
 
@@ -73,6 +79,7 @@ final class App: @unchecked Sendable {
         self.config = config
         self.logger = logger
         self.auth = config.token.map(BearerAuth.init(token:))
+        self.eventStreams = EventStreams(engine: engine, logger: logger)
     }
 
     // MARK: Wiring
@@ -85,7 +92,8 @@ final class App: @unchecked Sendable {
                 let request = APIRequest(httpRequest)
                 let exchange = Exchange(
                     request: request, logger: logger, deliver: { responder.send($0) },
-                    registerOnClose: { responder.onClose = $0 })
+                    registerOnClose: { responder.onClose = $0 },
+                    startStream: { responder.startStream($0, maxBufferedBytes: $1) })
                 handle(route, request, exchange)
             }
         }
@@ -166,6 +174,7 @@ final class App: @unchecked Sendable {
             case .listNodes: try listNodes(request, exchange)
             case .getNode: try getNode(request, exchange)
             case .getNodeBody: try getNodeBody(request, exchange)
+            case .jobEvents: try eventStreams.serve(request, exchange)
             case .health: health(exchange)
             case .metrics: metrics(exchange)
             case .openAPI:

@@ -109,3 +109,94 @@ delivered = {json.loads(l["body"])["id"] for l in lines if l["status"] == 200}
 assert delivered == set(sys.argv[2:]), delivered ^ set(sys.argv[2:])
 PY
 log "ok: webhooks"
+
+step "curl -N …/events on a 50-node job: one node event per state change, ends when the job settles"
+# A sequence whose first fetch waits 1.5 s, so that the streams below are open before the list starts; the
+# list's 47 fetches run 4 at a time. 50 nodes, each pending -> running -> succeeded: 100 state changes.
+children="$(python3 -c "import json; print(json.dumps([{'type': 'fetch', 'url': '$UPSTREAM/delay/150'} for _ in range(47)]))")"
+submit "{\"graph\":{\"type\":\"sequence\",\"children\":[{\"type\":\"fetch\",\"url\":\"$UPSTREAM/delay/1500\"},{\"type\":\"list\",\"concurrency\":4,\"children\":$children}]}}"
+sse="$JOB_ID"
+# since=0: the nodes that changed before the stream opened come first, so the stream holds every state reached.
+curl -sN --max-time 40 "$BASE/v1/jobs/$sse/events?since=0" >"$TMP/sse-full.txt" &
+full_pid=$!
+# Another stream is cut after 40 node events, then resumed with Last-Event-ID while the job still runs.
+python3 - "$BASE/v1/jobs/$sse/events" "$TMP/sse-part" <<'PY' &
+import sys, urllib.request
+url, out = sys.argv[1], sys.argv[2]
+
+def read(headers, stop_after):
+    """Reads events until the stream ends or `stop_after` node events came; returns (events, last id)."""
+    events, event, last_id, nodes = [], {}, None, 0
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=40) as r:
+        assert r.headers["Content-Type"] == "text/event-stream", r.headers["Content-Type"]
+        for raw in r:
+            line = raw.decode().rstrip("\n")
+            if line == "":
+                if event:
+                    events.append(event)
+                    last_id = event.get("id", last_id)
+                    if event.get("event") == "node":
+                        nodes += 1
+                        if nodes == stop_after:
+                            break
+                event = {}
+            elif not line.startswith(":"):
+                k, _, v = line.partition(": ")
+                event[k] = v
+    return events, last_id
+
+first, last_id = read({}, 40)
+second, _ = read({"Last-Event-ID": last_id}, None)
+with open(out + ".first", "w") as f:
+    f.write("\n".join(e["data"] for e in first if e["event"] == "node") + "\n")
+with open(out + ".second", "w") as f:
+    f.write("\n".join(e["data"] for e in second if e["event"] == "node") + "\n")
+with open(out + ".id", "w") as f:
+    f.write(last_id + "\n")
+PY
+part_pid=$!
+wait "$full_pid" || fail "curl -N did not end cleanly when the job settled"
+wait "$part_pid" || fail "the resumed stream failed"
+api GET "/v1/jobs/$sse/nodes"
+expect_status 200
+echo "$RESP" >"$TMP/sse-nodes.json"
+python3 - "$TMP/sse-full.txt" "$TMP/sse-nodes.json" "$TMP/sse-part" <<'PY' || fail "the event stream is not as expected"
+import json, sys
+text = open(sys.argv[1]).read()
+events = []
+for block in text.split("\n\n"):
+    fields = dict(line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":"))
+    if fields:
+        events.append(fields)
+nodes = json.load(open(sys.argv[2]))["nodes"]
+assert len(nodes) == 50, len(nodes)
+node_events = [json.loads(e["data"]) for e in events if e["event"] == "node"]
+pairs = [(n["id"], n["state"]) for n in node_events]
+assert len(pairs) == len(set(pairs)), "a state change was sent twice"
+assert len(node_events) == 100, f"{len(node_events)} node events, not 100 (one per state change)"
+for n in nodes:
+    assert (n["id"], "running") in pairs and (n["id"], "succeeded") in pairs, n["id"]
+    assert all("result" not in e for e in node_events)
+jobs = [json.loads(e["data"]) for e in events if e["event"] == "job"]
+assert jobs[0]["state"] in ("running", "pending") and jobs[-1]["state"] == "succeeded", [j["state"] for j in jobs]
+assert events[-1]["event"] == "job", "the stream ends with the job"
+ids = [int(e["id"]) for e in events]
+assert ids == sorted(ids), "ids are the job's versions, in order"
+# The stream cut after 40 node events and resumed from its last id: each node's last state seen is the
+# node's state, for all 50 nodes.
+seen = {}
+for part in (".first", ".second"):
+    for line in open(sys.argv[3] + part):
+        if line.strip():
+            n = json.loads(line)
+            seen[n["id"]] = n["state"]
+assert seen == {n["id"]: n["state"] for n in nodes}, "the resumed stream missed a change"
+print(f"{len(events)} events; resumed from id {open(sys.argv[3] + '.id').read().strip()}")
+PY
+
+step "events of an unknown job: 404; a bad Last-Event-ID: 400"
+api GET /v1/jobs/01NOSUCHJOB0000000000000000/events
+expect_api_error 404 not_found
+api GET "/v1/jobs/$sse/events" "" -H "Last-Event-ID: x1"
+expect_api_error 400 bad_request
+log "ok: events"

@@ -23,6 +23,8 @@ public final class Engine: @unchecked Sendable {
     private var pumpScheduled = false
     private var fetchQueue: FetchQueue
     private var waiters: [String: [Waiter]] = [:]
+    /// The event streams (`watchEvents`).
+    private let eventHub = JobEventHub()
     private var idGenerator = JobIDGenerator()
     private var shuttingDown = false
     private var sweepTimer: DispatchSourceTimer?
@@ -219,6 +221,7 @@ public final class Engine: @unchecked Sendable {
                 for waiter in list { waiter.fire(job ?? (try? store.job(id: id)) ?? nil) }
             }
             waiters.removeAll()
+            eventHub.endAll { runs[$0]?.record }
         }
     }
 
@@ -596,6 +599,56 @@ public final class Engine: @unchecked Sendable {
         queue.async { self.dropWaiter(waiter, jobID: jobID) }
     }
 
+    // MARK: - Event streams
+
+    /// Calls `handler` with the job's changes as they happen (API.md §8 events): first the job (and, from
+    /// `afterVersion`, the nodes changed after it), then a batch per change of node states, until a last batch
+    /// when the job settles or the server stops; `nil` once if there is no such job. Calls come in order on one
+    /// queue shared by all streams; no thread waits meanwhile.
+    /// - Returns: a token that stops the calls (the client went away).
+    public func watchEvents(
+        id: String, afterVersion: Int64?, _ handler: @escaping @Sendable (JobEventBatch?) -> Void
+    ) -> Cancellable {
+        let subscriber = JobEventSubscriber(jobID: id, handler: handler)
+        subscriber.engine = self
+        queue.async {
+            if let run = self.runs[id] {
+                if self.shuttingDown {
+                    let batch = JobEventBatch(job: run.record, nodes: [], jobStateChanged: true, isLast: true)
+                    self.eventHub.fanOut.async { subscriber.deliver(batch) }
+                } else {
+                    self.eventHub.add(subscriber, run: run, afterVersion: afterVersion)
+                }
+                return
+            }
+            // Not in memory: settled (or not running here), so it changes no more; one batch says all.
+            let fanOut = self.eventHub.fanOut
+            self.onReadQueue {
+                let batch: JobEventBatch?
+                do {
+                    if let job = try self.storedJob(id: id) {
+                        var nodes: [NodeRecord] = []
+                        if let after = afterVersion, after < job.version {
+                            nodes = try self.store.nodes(jobID: id, includeResults: false)
+                        }
+                        batch = JobEventBatch(job: job, nodes: nodes, jobStateChanged: true, isLast: true)
+                    } else {
+                        batch = nil
+                    }
+                } catch {
+                    self.logger.error("event stream could not read the job", ["job": .string(id), "error": .string("\(error)")])
+                    batch = nil
+                }
+                fanOut.async { subscriber.deliver(batch) }
+            }
+        }
+        return subscriber
+    }
+
+    func removeEventSubscriber(_ subscriber: JobEventSubscriber) {
+        queue.async { self.eventHub.remove(subscriber) }
+    }
+
     // MARK: - Called by runs, on the queue
 
     func enqueueFetch(run: JobRun, node: Int, host: String) {
@@ -640,6 +693,7 @@ public final class Engine: @unchecked Sendable {
         let batch = dirtyRuns.values
         dirtyRuns.removeAll()
         for run in batch {
+            eventHub.record(run, dirty: run.dirtyNodes)
             if run.dirtyJob { jobs.append(run.record) }
             for i in run.dirtyNodes.sorted() { nodes.append(run.nodes[i]) }
             bodies.append(contentsOf: run.pendingBodies)
@@ -708,6 +762,7 @@ public final class Engine: @unchecked Sendable {
         guard runs[run.id] === run else { return }
         runs[run.id] = nil
         countedJobState[run.id] = nil
+        eventHub.forget(run.id)
         for state in NodeState.allCases { nodesByState[state, default: 0] -= run.record.progress[state] }
         if !run.record.state.isSettled { unsettledJobs -= 1 }
         fetchQueue.removeJob(run.id)
