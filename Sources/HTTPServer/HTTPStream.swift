@@ -49,7 +49,7 @@ public final class HTTPStream: @unchecked Sendable {
     public func write(_ bytes: [UInt8]) -> Bool {
         guard !bytes.isEmpty else { return isOpen }
         let (accepted, post) = state.withLock { state -> (Bool, Bool) in
-            if state.closed || state.finished || headOnly { return (false, false) }
+            if state.closed || state.finished || state.overflowed || headOnly { return (false, false) }
             let framedCount = bytes.count + (framing == .chunked ? 12 : 0)
             if state.pending.count + framedCount > maxBufferedBytes {
                 state.overflowed = true
@@ -90,7 +90,7 @@ public final class HTTPStream: @unchecked Sendable {
 
     /// Whether writes are still taken.
     public var isOpen: Bool {
-        state.withLock { !$0.closed && !$0.finished }
+        state.withLock { !$0.closed && !$0.finished && !$0.overflowed }
     }
 
     /// Called once, on some thread, when the stream closes before `finish`: the client went away or read too

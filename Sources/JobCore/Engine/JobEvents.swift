@@ -115,6 +115,9 @@ final class JobEventHub {
     /// nodes changed after that version. A node whose change is not known (settled before a restart) counts as
     /// changed: a resumed stream may see a node twice, never miss one.
     func add(_ subscriber: JobEventSubscriber, run: JobRun, afterVersion: Int64?) {
+        // Changes made since the last flush go out to the other streams now, so that the first batch (made from
+        // the run as it is) and the ones that follow neither repeat nor skip them.
+        record(run, dirty: run.dirtyNodes)
         var nodes: [NodeRecord] = []
         if let after = afterVersion {
             let versions = nodeVersions[run.id] ?? []
