@@ -79,7 +79,7 @@ final class App: @unchecked Sendable {
         self.config = config
         self.logger = logger
         self.auth = config.token.map(BearerAuth.init(token:))
-        self.eventStreams = EventStreams(engine: engine, logger: logger)
+        self.eventStreams = EventStreams(engine: engine, logger: logger, keepAliveIntervalMs: config.eventsKeepAliveMs)
     }
 
     // MARK: Wiring

@@ -526,6 +526,16 @@ paths:
         no server thread; a client that reads so slowly that 1 MiB of events
         waits for it is disconnected (resume with `Last-Event-ID`). When the
         server shuts down, each stream gets the job as it is as its last event.
+
+        ```
+        event: job
+        id: 3
+        data: {"id":"01JEXAMPLE7K3M2Q9R8T6V5W4X","name":null,"state":"running",…,"version":3}
+
+        event: node
+        id: 4
+        data: {"id":"root.0","parent":"root","type":"fetch","state":"succeeded",…}
+        ```
       parameters:
         - name: since
           in: query
@@ -549,16 +559,7 @@ paths:
           content:
             text/event-stream:
               schema:
-                type: string
-              example: |
-                event: job
-                id: 3
-                data: {"id":"01JEXAMPLE7K3M2Q9R8T6V5W4X","state":"running",…,"version":3}
-
-                event: node
-                id: 4
-                data: {"id":"root.0","parent":"root","type":"fetch","state":"succeeded",…}
-
+                $ref: "#/components/schemas/JobEvent"
         "400":
           $ref: "#/components/responses/BadRequest"
         "401":
@@ -1657,6 +1658,28 @@ components:
           type: integer
           format: int64
           minimum: 1
+
+    JobEvent:
+      description: |
+        One event of `GET /v1/jobs/{id}/events`, as the WHATWG HTML
+        server-sent events format parses it (the schema applies to each
+        event of the stream).
+      type: object
+      required: [event, id, data]
+      properties:
+        event:
+          type: string
+          enum: [job, node]
+        id:
+          description: the job's `version` when the event was sent
+          type: string
+          pattern: "^[0-9]+$"
+        data:
+          description: |
+            One line of compact JSON: for `job` the job without `result` (a
+            `JobSummary`), for `node` the node without `result` (a `Node`).
+          type: string
+          contentMediaType: application/json
 
     NotifyRequest:
       description: |

@@ -27,6 +27,8 @@ struct ServerConfig: Equatable {
     var webhookSecret: String?
     /// Failed webhook deliveries are retried until this long after the job settled.
     var webhookRetryForMs: Int64 = 86_400_000
+    /// How often an event stream gets a keep-alive comment (API.md §8 says 15 s; tests shorten it). No flag.
+    var eventsKeepAliveMs = 15_000
 }
 
 /// What the command line asks for.
