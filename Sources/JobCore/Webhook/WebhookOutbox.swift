@@ -171,7 +171,8 @@ public final class WebhookOutbox: @unchecked Sendable {
             return
         }
         guard let job else {
-            record(item, state: "failed", status: nil, error: "the job was deleted", nextAttemptAt: nil)
+            // Deleted while its delivery was pending (the delete trigger keeps pending rows): nothing left to send.
+            forget(item)
             return
         }
         let body = render(job)
@@ -222,6 +223,23 @@ public final class WebhookOutbox: @unchecked Sendable {
         } else {
             record(item, state: "pending", status: status, error: problem, nextAttemptAt: now + backoff)
         }
+    }
+
+    /// Drops the row of a job that no longer exists, counted as failed.
+    private func forget(_ item: Due) {
+        guard let connection else { return }
+        do {
+            let statement = try connection.prepare("DELETE FROM webhook_outbox WHERE job_id = ?1 AND delivery = ?2")
+            defer { statement.reset() }
+            statement.bind(1, item.jobID)
+            statement.bind(2, item.delivery)
+            try statement.run()
+        } catch {
+            logger.error("webhook row could not be deleted", ["job": .string(item.jobID), "error": .string("\(error)")])
+            return
+        }
+        counters.withLock { $0.failed += 1 }
+        logger.info("webhook dropped: the job was deleted", ["job": .string(item.jobID), "delivery": .string(item.delivery)])
     }
 
     /// Writes one attempt's outcome, unless the job settled again meanwhile (a new delivery replaced this one).
