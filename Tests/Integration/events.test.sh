@@ -5,7 +5,8 @@
 # - deliveries pending at a `kill -9` are all made after the restart;
 # - a receiver on a denied address (--deny-cidr) is never contacted and the delivery fails;
 # - `curl -N …/events` on a 50-node job prints one `node` event per node state change and ends when the job
-#   settles; resuming with Last-Event-ID misses nothing (compared with the nodes endpoint).
+#   settles; resuming with Last-Event-ID misses nothing (compared with the nodes endpoint);
+# - 1,000 streams on one job (bench/events_clients.py, one asyncio thread) add no server thread.
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 trap 'echo "FAIL $TEST_NAME: line $LINENO: $BASH_COMMAND exited $?" >&2' ERR
@@ -193,6 +194,28 @@ for part in (".first", ".second"):
 assert seen == {n["id"]: n["state"] for n in nodes}, "the resumed stream missed a change"
 print(f"{len(events)} events; resumed from id {open(sys.argv[3] + '.id').read().strip()}")
 PY
+
+step "1,000 streams on one job add no thread"
+threads() { awk '/^Threads:/ {print $2}' "/proc/$SERVER_PID/status"; }
+children="$(python3 -c "import json; print(json.dumps([{'type': 'fetch', 'url': '$UPSTREAM/delay/50'} for _ in range(10)]))")"
+submit "{\"graph\":{\"type\":\"sequence\",\"children\":[{\"type\":\"fetch\",\"url\":\"$UPSTREAM/delay/3000\"},{\"type\":\"list\",\"children\":$children}]}}"
+before="$(threads)"
+python3 bench/events_clients.py sse 127.0.0.1 "$SERVER_PORT" "$JOB_ID" 1000 >"$TMP/many.out" 2>"$TMP/many.err" &
+many_pid=$!
+for ((i = 0; i < 200; i++)); do
+  grep -q '^ready' "$TMP/many.out" && break
+  kill -0 "$many_pid" 2>/dev/null || break
+  sleep 0.05
+done
+grep -q '^ready' "$TMP/many.out" || fail "1,000 streams did not open: $(cat "$TMP/many.err")"
+following="$(threads)"
+wait "$many_pid" || fail "the 1,000 streams failed: $(cat "$TMP/many.err")"
+# Each stream gets the job at once, the 24 node state changes after the 3 s fetch it opened during, and the
+# last job event: 26 (fewer only if opening 1,000 streams took longer than that fetch).
+messages="$(tail -1 "$TMP/many.out" | jq .messages)"
+log "threads: $before before, $following with 1,000 streams open; $messages events delivered"
+[ "$following" -le $((before + 8)) ] || fail "threads grew from $before to $following with 1,000 streams"
+[ "$messages" -ge $((1000 * 20)) ] || fail "only $messages events reached the 1,000 streams"
 
 step "events of an unknown job: 404; a bad Last-Event-ID: 400"
 api GET /v1/jobs/01NOSUCHJOB0000000000000000/events
