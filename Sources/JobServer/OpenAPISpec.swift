@@ -1700,7 +1700,9 @@ components:
         in the same transaction as the job's settled state and survives
         restarts (at least once: a delivery cut short by a crash is made
         again). A job retried and settled again is delivered again, as a new
-        delivery.
+        delivery. A submission with `notify` may nest at most 900 levels of
+        JSON (`422` at `/notify`; only a raised `--max-depth` lets a body nest
+        that deep).
       type: object
       additionalProperties: false
       required: [url]

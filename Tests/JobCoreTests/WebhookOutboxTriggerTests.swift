@@ -53,6 +53,41 @@ final class WebhookOutboxTriggerTests: StoreTestCase {
         XCTAssertEqual(try row(job.id)?.delivery, "\(job.id).5")
     }
 
+    /// SQLite's JSON functions refuse a document nested deeper than about 1,000 levels: such a request (allowed with
+    /// a raised `--max-depth`) is still stored, and only a request naming `notify` is read by the trigger at all.
+    func testRequestTooDeepForSQLiteJSONIsStillStored() throws {
+        let store = try openStore()
+        defer { store.close() }
+        let (created, nodes) = makeJob(4)
+        var job = created
+        var deep = JSONValue.null
+        for _ in 0..<3000 { deep = .array([deep]) }
+        job.request = .object([JSONMember("graph", .object([JSONMember("type", .string("list"))])), JSONMember("x", deep)])
+        guard case .created = try store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil) else {
+            return XCTFail("not created")
+        }
+        job.request = .object([JSONMember("notify", .object([JSONMember("url", .string("http://h/"))])), JSONMember("x", deep)])
+        job.id = jobID(5)
+        guard case .created = try store.createJob(job, nodes: nodes.map { var n = $0; n.jobID = job.id; return n },
+                                                  idempotencyKey: nil, requestHash: nil) else {
+            return XCTFail("not created")
+        }
+        XCTAssertNil(try row(job.id), "too deep for the trigger (submissions refuse this with notify)")
+    }
+
+    func testSubmissionWithNotifyNestedTooDeepIsRefused() throws {
+        var deep = "1"
+        for _ in 0..<NotifyParser.maxRequestDepth { deep = "[\(deep)]" }
+        let body = #"{"graph":{"type":"fetch","url":"http://a/"},"notify":{"url":"http://h/"},"metadata":{"x":\#(deep)}}"#
+        var limits = Limits()
+        limits.maxDepth = 1000
+        XCTAssertThrowsError(try JobSpec.parse(try JSONValue.parse(body, maxDepth: 5000), limits: limits)) { error in
+            XCTAssertEqual((error as? ValidationError)?.issues.first?.pointer, "/notify")
+        }
+        XCTAssertFalse(NotifyParser.depth(of: try JSONValue.parse("[[1]]"), exceeds: 2))
+        XCTAssertTrue(NotifyParser.depth(of: try JSONValue.parse("[[[1]]]"), exceeds: 2))
+    }
+
     func testDeleteKeepsOnlyAPendingDelivery() throws {
         let store = try openStore()
         defer { store.close() }

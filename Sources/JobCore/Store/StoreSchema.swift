@@ -68,7 +68,10 @@ enum StoreSchema {
         "ALTER TABLE nodes ADD COLUMN request TEXT;",
         // 3: the outbox of `notify` webhooks (API.md §8): one row per job that asked for one. The triggers write it in
         // the transaction that inserts the job and in the one that settles it, so a settled job's delivery is as
-        // durable as its state, whatever writes that state.
+        // durable as its state, whatever writes that state. SQLite's JSON functions raise an error on a document
+        // nested deeper than about 1,000 levels, which would refuse the job: only a request that names `notify` is
+        // parsed, and only once `json_valid` (which answers 0 instead) passed it; submissions keep a job with
+        // `notify` within that depth (`NotifyParser.maxRequestDepth`).
         """
         CREATE TABLE webhook_outbox (
             job_id TEXT NOT NULL PRIMARY KEY,
@@ -83,7 +86,8 @@ enum StoreSchema {
         );
         CREATE INDEX webhook_outbox_due ON webhook_outbox (next_attempt_at) WHERE state = 'pending';
         CREATE TRIGGER webhook_outbox_on_insert AFTER INSERT ON jobs
-        WHEN json_type(NEW.request, '$.notify.url') = 'text'
+        WHEN NEW.request LIKE '%"notify"%'
+            AND CASE WHEN json_valid(NEW.request) THEN json_type(NEW.request, '$.notify.url') = 'text' ELSE 0 END
         BEGIN
             INSERT OR REPLACE INTO webhook_outbox (job_id, url, state)
             VALUES (NEW.id, json_extract(NEW.request, '$.notify.url'), 'waiting');

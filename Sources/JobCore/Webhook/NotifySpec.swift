@@ -31,6 +31,10 @@ extension JobRecord {
 
 /// Reads `notify` off a submitted body before the graph validator sees it (which knows only the fields of API.md §1).
 enum NotifyParser {
+    /// The deepest a request with `notify` may nest: the store's trigger reads `notify.url` with SQLite's JSON
+    /// functions, which refuse documents nested deeper than about 1,000 levels (StoreSchema, migration 3).
+    static let maxRequestDepth = 900
+
     struct Outcome {
         /// The body without `notify`.
         var body: JSONValue
@@ -77,6 +81,29 @@ enum NotifyParser {
             }
             if let url { outcome.target = NotifyTarget(url: url) }
         }
+        if outcome.target != nil, depth(of: body, exceeds: maxRequestDepth) {
+            outcome.issues.append(
+                ("/notify", "a job with notify may nest at most \(maxRequestDepth) levels of JSON", [0]))
+            outcome.target = nil
+        }
         return outcome
+    }
+
+    /// Whether `value` nests deeper than `limit` levels; walks with a stack of its own, not recursion.
+    static func depth(of value: JSONValue, exceeds limit: Int) -> Bool {
+        var stack: [(JSONValue, Int)] = [(value, 1)]
+        while let (current, level) = stack.popLast() {
+            switch current {
+            case .object(let members):
+                if level > limit { return true }
+                for member in members { stack.append((member.value, level + 1)) }
+            case .array(let elements):
+                if level > limit { return true }
+                for element in elements { stack.append((element, level + 1)) }
+            default:
+                break
+            }
+        }
+        return false
     }
 }
