@@ -1715,8 +1715,8 @@ components:
 
     NotifyStatus:
       description: |
-        Present on a job submitted with `notify` (not in lists): its webhook
-        delivery. `pending` until the job settled and the receiver answered
+        Present on a job submitted with `notify` (on the job itself; not in
+        lists, event streams or webhook bodies): its webhook delivery. `pending` until the job settled and the receiver answered
         2xx; `failed` once given up.
       type: object
       additionalProperties: false

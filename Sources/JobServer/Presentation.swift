@@ -55,7 +55,8 @@ enum Presentation {
         ]
         // Only a job given an input shows it, and like `result` only on the job itself, not in listings.
         if includeResult, let input = job.input { members.append(JSONMember("input", input)) }
-        if let notify = job.notify ?? (job.notifyURL == nil ? nil : .pending) {
+        // Like `input`, only on the job itself: not in lists, event streams or webhook bodies.
+        if includeResult, let notify = job.notify ?? (job.notifyURL == nil ? nil : .pending) {
             members.append(JSONMember("notify", Self.notify(notify)))
         }
         members.append(JSONMember("version", .int(job.version)))

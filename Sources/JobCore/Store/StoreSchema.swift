@@ -86,7 +86,7 @@ enum StoreSchema {
         );
         CREATE INDEX webhook_outbox_due ON webhook_outbox (next_attempt_at) WHERE state = 'pending';
         CREATE TRIGGER webhook_outbox_on_insert AFTER INSERT ON jobs
-        WHEN NEW.request LIKE '%"notify"%'
+        WHEN instr(NEW.request, '"notify"') > 0
             AND CASE WHEN json_valid(NEW.request) THEN json_type(NEW.request, '$.notify.url') = 'text' ELSE 0 END
         BEGIN
             INSERT OR REPLACE INTO webhook_outbox (job_id, url, state)

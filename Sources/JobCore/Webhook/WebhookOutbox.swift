@@ -38,7 +38,7 @@ public struct WebhookStats: Sendable, Equatable {
 /// a row is `pending` until an answer in 2xx or until `retryForMs` after the settle, so a delivery cut short by a
 /// crash is made again after the restart: at least once.
 public final class WebhookOutbox: @unchecked Sendable {
-    // @unchecked: `connection`, `inFlight` and `timer` are touched only on `queue`; `readConnection` only with
+    // @unchecked: `connection`, `inFlight`, `timer` and `stopped` are touched only on `queue`; `readConnection` only with
     // `readLock` held; `stats` is a Mutex; the rest is immutable.
     private let path: String
     private let fetcher: Fetcher
