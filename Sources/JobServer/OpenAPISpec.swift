@@ -518,10 +518,11 @@ paths:
           the first and last event.
 
         `Last-Event-ID` (as browsers send it on reconnecting) or `since=V`
-        resumes: the nodes whose state changed after version `V` are sent
-        first (a node whose change is not known, e.g. from before a restart,
-        counts as changed: a resumed stream may repeat a node, never miss
-        one), then the job. The header wins over the query. A comment line
+        resumes: the nodes whose state changed at or after version `V` are
+        sent first, then the job. Events sent together share one `id`, so a
+        client cut off among them gets them again, and a node whose change is
+        not known (e.g. from before a restart) counts as changed: a resumed
+        stream may repeat a node, never miss one. The header wins over the query. A comment line
         (`: keep-alive`) every 15 seconds keeps proxies open. A stream holds
         no server thread; a client that reads so slowly that 1 MiB of events
         waits for it is disconnected (resume with `Last-Event-ID`). When the

@@ -3,7 +3,8 @@
 # - a receiver that answers 500 twice then 200 records exactly one delivered delivery, signed with
 #   --webhook-secret (checked with Python's hmac);
 # - deliveries pending at a `kill -9` are all made after the restart;
-# - a receiver on a denied address (--deny-cidr) is never contacted and the delivery fails;
+# - a receiver on a denied address (--deny-cidr) is never contacted and the delivery fails; one that always
+#   fails is given up after --webhook-retry-for;
 # - `curl -N …/events` on a 50-node job prints one `node` event per node state change and ends when the job
 #   settles; resuming with Last-Event-ID misses nothing (compared with the nodes endpoint);
 # - 1,000 streams on one job (bench/events_clients.py, one asyncio thread) add no server thread.
@@ -42,7 +43,8 @@ wait_notify() {
 
 mkdir -p "$TMP/db"
 db="$TMP/db/jobserver.sqlite"
-start_server_on "$db" --webhook-secret "$secret" --deny-cidr 169.254.0.0/16,127.0.0.2/32
+flags=(--webhook-secret "$secret" --deny-cidr 169.254.0.0/16,127.0.0.2/32 --webhook-retry-for 10s)
+start_server_on "$db" "${flags[@]}"
 
 step "notify is validated at submit"
 api POST /v1/jobs '{"graph":{"type":"fetch","url":"http://127.0.0.1:1/"},"notify":{"url":"ftp://x/"}}'
@@ -79,6 +81,10 @@ api GET /metrics
 grep -q 'jobserver_webhook_deliveries_total{outcome="delivered"} 1' <<<"$RESP" || fail "delivered count not in /metrics"
 grep -q 'jobserver_webhook_deliveries_total{outcome="retried"} 2' <<<"$RESP" || fail "retried count not in /metrics"
 
+step "a receiver that always fails: retried until --webhook-retry-for, then failed (checked at the end)"
+submit "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"},\"notify\":{\"url\":\"$RECEIVER/fail/1000\"}}"
+always_failing="$JOB_ID"
+
 step "a receiver on a denied address is never contacted; the delivery fails"
 start_receiver "$TMP/denied.log" 127.0.0.2
 submit "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"},\"notify\":{\"url\":\"$RECEIVER/x\"}}"
@@ -101,7 +107,7 @@ api GET "/v1/jobs/${ids[0]}"
 [ "$(jget .notify.state)" = pending ] || fail "the first delivery was not pending at the kill"
 kill -KILL "$SERVER_PID"
 wait "$SERVER_PID" 2>/dev/null || true
-start_server_on "$db" --webhook-secret "$secret"
+start_server_on "$db" "${flags[@]}"
 for id in "${ids[@]}"; do wait_notify "$id" delivered 30; done
 python3 - "$TMP/crash.log" "${ids[@]}" <<'PY' || fail "not every job was delivered once with 200: $(cat "$TMP/crash.log")"
 import json, sys
@@ -222,4 +228,10 @@ api GET /v1/jobs/01NOSUCHJOB0000000000000000/events
 expect_api_error 404 not_found
 api GET "/v1/jobs/$sse/events" "" -H "Last-Event-ID: x1"
 expect_api_error 400 bad_request
+step "the delivery to the receiver that always fails gave up after --webhook-retry-for"
+wait_notify "$always_failing" failed 30
+expect_jq .notify.last_status 500
+[ "$(jget .notify.attempts)" -ge 3 ] || fail "only $(jget .notify.attempts) attempts within --webhook-retry-for"
+api GET /metrics
+grep -q 'jobserver_webhook_deliveries_total{outcome="failed"} [1-9]' <<<"$RESP" || fail "no failed delivery counted"
 log "ok: events"

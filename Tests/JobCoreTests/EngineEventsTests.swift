@@ -69,6 +69,21 @@ final class EngineEventsTests: EngineTestCase {
         for k in 0..<5 { XCTAssertEqual(seen["root.1.\(k)"], [.running, .succeeded]) }
     }
 
+    /// Events of one flush share the job's version: a stream resumed from that version gets them all again.
+    func testResumeFromAVersionSendsEveryNodeChangedAtIt() throws {
+        let engine = try makeEngine()
+        let fetches = (0..<4).map { _ in #"{"type":"fetch","url":\#(u("/delay/200"))}"# }.joined(separator: ",")
+        let job = try submit(engine, #"{"graph":{"type":"list","children":[\#(fetches)]}}"#)
+        let first = try collect(engine, id: job.id, after: 0).compactMap { $0 }
+        var lastChange: [String: Int64] = [:]
+        for batch in first { for node in batch.nodes { lastChange[node.id] = batch.job.version } }
+        // Resuming from any version a node changed at sends that node (and those changed later).
+        for (id, version) in lastChange {
+            let resumed = try collect(engine, id: job.id, after: version).compactMap { $0 }
+            XCTAssertTrue(resumed.flatMap { $0.nodes }.contains { $0.id == id }, "\(id) changed at \(version)")
+        }
+    }
+
     func testSettledJobIsOneLastBatchAndResumeSendsItsNodes() throws {
         let engine = try makeEngine()
         let job = try submit(engine, #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))},{"type":"fetch","url":\#(u("/json"))}]}}"#)
@@ -80,8 +95,11 @@ final class EngineEventsTests: EngineTestCase {
         XCTAssertEqual(plain.first??.nodes.count, 0, "without a version to resume from, no nodes")
         let resumed = try collect(engine, id: job.id, after: 1)
         XCTAssertEqual(Set(resumed.first??.nodes.map { $0.id } ?? []), ["root", "root.0", "root.1"])
-        let current = try collect(engine, id: job.id, after: settled.version)
+        let current = try collect(engine, id: job.id, after: settled.version + 1)
         XCTAssertEqual(current.first??.nodes.count, 0, "nothing changed after the job's last version")
+        let last = try collect(engine, id: job.id, after: settled.version)
+        XCTAssertTrue(last.first??.nodes.contains { $0.id == "root" } == true,
+                      "the last version's events again: a client may have missed some")
     }
 
     func testUnknownJobIsNil() throws {

@@ -602,7 +602,7 @@ public final class Engine: @unchecked Sendable {
     // MARK: - Event streams
 
     /// Calls `handler` with the job's changes as they happen (API.md §8 events): first the job (and, from
-    /// `afterVersion`, the nodes changed after it), then a batch per change of node states, until a last batch
+    /// `afterVersion`, the nodes changed at or after it), then a batch per change of node states, until a last batch
     /// when the job settles or the server stops; `nil` once if there is no such job. Calls come in order on one
     /// queue shared by all streams; no thread waits meanwhile.
     /// - Returns: a token that stops the calls (the client went away).
@@ -628,7 +628,8 @@ public final class Engine: @unchecked Sendable {
                 do {
                     if let job = try self.storedJob(id: id) {
                         var nodes: [NodeRecord] = []
-                        if let after = afterVersion, after < job.version {
+                        // At or after: a client cut off among the events of the job's last version needs them again.
+                        if let after = afterVersion, after <= job.version {
                             nodes = try self.store.nodes(jobID: id, includeResults: false)
                         }
                         batch = JobEventBatch(job: job, nodes: nodes, jobStateChanged: true, isLast: true)

@@ -112,8 +112,9 @@ final class JobEventHub {
     }
 
     /// Registers a stream of a run in memory and sends it its first batch: the job, and with `afterVersion` the
-    /// nodes changed after that version. A node whose change is not known (settled before a restart) counts as
-    /// changed: a resumed stream may see a node twice, never miss one.
+    /// nodes changed at or after that version. The events of one batch share the job's version, so a client cut off
+    /// among them names a version whose events it has not all seen: they are sent again. A node whose change is not
+    /// known (settled before a restart) counts as changed too: a resumed stream may see a node twice, never miss one.
     func add(_ subscriber: JobEventSubscriber, run: JobRun, afterVersion: Int64?) {
         // Changes made since the last flush go out to the other streams now, so that the first batch (made from
         // the run as it is) and the ones that follow neither repeat nor skip them.
@@ -124,7 +125,8 @@ final class JobEventHub {
             let now = Timestamp.nowMs()
             for i in run.nodes.indices {
                 let version = i < versions.count ? versions[i] : 0
-                if version > after || (version == 0 && run.nodes[i].state != .pending) {
+                // Version 0: no change seen since the run was built (pending from the start, or settled before).
+                if version == 0 ? run.nodes[i].state != .pending : version >= after {
                     nodes.append(run.nodeSnapshot(i, includeResult: false, nowMs: now))
                 }
             }
