@@ -67,16 +67,20 @@ final class JobEventSubscriber: Cancellable, @unchecked Sendable {
     }
 }
 
-/// The engine's side of the event streams: who listens to which job, and when each node last changed state (the
-/// job's version then), so that a stream resumed from a version gets the nodes changed after it. Touched only on
-/// the engine's queue; batches are handed to the streams in order on `fanOut`.
+/// The engine's side of the event streams: who listens to which job, and, from a job's first stream on, when each
+/// of its nodes last changed state (the job's version then), so that a stream resumed from a version gets the nodes
+/// changed since. Touched only on the engine's queue; batches are handed to the streams in order on `fanOut`.
 final class JobEventHub {
     let fanOut = DispatchQueue(label: "jobserver.events")
     private var subscribers: [String: [JobEventSubscriber]] = [:]
-    /// Per job in memory: each node's state as last published, and the job's version when it changed.
-    private var nodeStates: [String: [NodeState]] = [:]
-    private var nodeVersions: [String: [Int64]] = [:]
-    private var jobStates: [String: NodeState] = [:]
+    /// Per job in memory: each node's state as last published, and the job's version when it changed. A class, so
+    /// that a flush updates the arrays in place instead of copying them out of the dictionary and back.
+    private final class Track {
+        var nodeStates: [NodeState] = []
+        var nodeVersions: [Int64] = []
+        var jobState = NodeState.pending
+    }
+    private var tracks: [String: Track] = [:]
 
     var subscriberCount: Int { subscribers.values.reduce(0) { $0 + $1.count } }
 
@@ -84,22 +88,22 @@ final class JobEventHub {
     /// job's streams.
     func record(_ run: JobRun, dirty: Set<Int>) {
         let id = run.id
-        var states = nodeStates[id] ?? []
-        var versions = nodeVersions[id] ?? []
-        if states.count < run.nodes.count {
-            states += Array(repeating: .pending, count: run.nodes.count - states.count)
-            versions += Array(repeating: 0, count: run.nodes.count - versions.count)
+        // Jobs nobody follows cost nothing here: tracking starts with a job's first stream.
+        guard let track = tracks[id] else { return }
+        if track.nodeStates.count < run.nodes.count {
+            // A map's copies join the run as it goes: they start pending.
+            let added = run.nodes.count - track.nodeStates.count
+            track.nodeStates += repeatElement(.pending, count: added)
+            track.nodeVersions += repeatElement(0, count: added)
         }
         var changed: [Int] = []
-        for i in dirty where i < run.nodes.count && run.nodes[i].state != states[i] {
-            states[i] = run.nodes[i].state
-            versions[i] = run.record.version
+        for i in dirty where i < run.nodes.count && run.nodes[i].state != track.nodeStates[i] {
+            track.nodeStates[i] = run.nodes[i].state
+            track.nodeVersions[i] = run.record.version
             changed.append(i)
         }
-        nodeStates[id] = states
-        nodeVersions[id] = versions
-        let jobChanged = (jobStates[id] ?? .pending) != run.record.state
-        jobStates[id] = run.record.state
+        let jobChanged = track.jobState != run.record.state
+        track.jobState = run.record.state
         guard let listening = subscribers[id], !listening.isEmpty else { return }
         let settled = run.record.state.isSettled
         guard !changed.isEmpty || jobChanged || settled else { return }
@@ -119,9 +123,17 @@ final class JobEventHub {
         // Changes made since the last flush go out to the other streams now, so that the first batch (made from
         // the run as it is) and the ones that follow neither repeat nor skip them.
         record(run, dirty: run.dirtyNodes)
+        if tracks[run.id] == nil {
+            // From now on changes are told apart from the states the run has now; earlier ones have no version (0).
+            let track = Track()
+            track.nodeStates = run.nodes.map(\.state)
+            track.nodeVersions = Array(repeating: 0, count: run.nodes.count)
+            track.jobState = run.record.state
+            tracks[run.id] = track
+        }
         var nodes: [NodeRecord] = []
         if let after = afterVersion {
-            let versions = nodeVersions[run.id] ?? []
+            let versions = tracks[run.id]?.nodeVersions ?? []
             let now = Timestamp.nowMs()
             for i in run.nodes.indices {
                 let version = i < versions.count ? versions[i] : 0
@@ -154,8 +166,6 @@ final class JobEventHub {
 
     /// The run left memory: what was kept for its resumes goes too.
     func forget(_ id: String) {
-        nodeStates[id] = nil
-        nodeVersions[id] = nil
-        jobStates[id] = nil
+        tracks[id] = nil
     }
 }
