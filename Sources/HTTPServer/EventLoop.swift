@@ -547,7 +547,8 @@ final class EventLoop: @unchecked Sendable {
         }
         connection.stream = nil
         connection.pending = nil
-        _ = connection.machine.event(.answerQueued(keepAlive: connection.streamKeepAlive))
+        // A stream that ends once shutdown began closes its connection, as a late answer would.
+        _ = connection.machine.event(.answerQueued(keepAlive: connection.streamKeepAlive && !shuttingDown))
     }
 
     // MARK: - Writing

@@ -107,3 +107,21 @@ final class HTTPServerStreamingTests: XCTestCase {
         server.assertHealthy()
     }
 }
+
+extension HTTPServerStreamingTests {
+    func testStreamThatEndsDuringShutdownClosesItsConnection() throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        let client = try RawClient(port: server.port)
+        try client.send("GET /pending HTTP/1.1\r\nHost: t\r\n\r\n")
+        let responder = try XCTUnwrap(server.pending.take())
+        let stream = responder.startStream(HTTPResponse(status: 200))
+        XCTAssertEqual(try client.readResponse(expectBody: false).status, 200)
+        server.server.beginShutdown()
+        stream.write(Array("last".utf8))
+        stream.finish()
+        let rest = String(decoding: try XCTUnwrap(client.readUntilClose(), "the connection closes"), as: UTF8.self)
+        XCTAssertEqual(rest, "4\r\nlast\r\n0\r\n\r\n")
+        XCTAssertTrue(server.stop(grace: 5), "nothing left to drain")
+    }
+}
