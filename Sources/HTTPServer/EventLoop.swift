@@ -19,7 +19,11 @@ final class Connection {
     var outOffset = 0
     /// The request dispatched and not answered yet; later requests wait behind it.
     var pending: HTTPResponder?
+    /// The streamed body being written, while `pending` is its request.
+    var stream: HTTPStream?
     var closed = false
+    /// Whether the connection outlives its stream (decided when the head went out).
+    var streamKeepAlive = false
     /// Counted in `EventLoop.activeConnections` (until it lingers or closes).
     var countedActive = true
     /// True while the loop is feeding this connection's bytes to the parser (responses are then flushed afterwards).
@@ -67,6 +71,10 @@ final class EventLoop: @unchecked Sendable {
         case response(HTTPResponder, HTTPResponse)
         /// A handler set `onClose` from another thread.
         case closeWatch(HTTPResponder)
+        /// A handler answered with a streamed body.
+        case startStream(HTTPStream, HTTPResponse)
+        /// A stream has bytes (or its end) to write.
+        case stream(HTTPStream)
         case beginShutdown
         case stop
     }
@@ -206,6 +214,10 @@ final class EventLoop: @unchecked Sendable {
                 deliver(responder, response)
             case .closeWatch(let responder):
                 closeWatchRequested(responder)
+            case .startStream(let stream, let head):
+                startStream(stream, head: head)
+            case .stream(let stream):
+                streamReady(stream)
             case .beginShutdown:
                 beginShutdown()
             case .stop:
@@ -294,6 +306,11 @@ final class EventLoop: @unchecked Sendable {
             case .wouldBlock: return
             }
         } catch {
+            close(connection)
+            return
+        }
+        if count == 0 && connection.stream != nil {
+            // A client streaming a body has no request left to send here: FIN means it is gone (see `HTTPStream`).
             close(connection)
             return
         }
@@ -466,6 +483,74 @@ final class EventLoop: @unchecked Sendable {
         }
     }
 
+    // MARK: - Streamed bodies
+
+    /// Writes a streamed response's head, then whatever its handler wrote meanwhile.
+    func startStream(_ stream: HTTPStream, head: HTTPResponse) {
+        assert(inLoopThread, "streams are written on their connection's own loop")
+        let responder = stream.responder
+        guard let connection = stream.connection, !connection.closed, connection.pending === responder,
+              connection.stream == nil else {
+            stream.connectionDidClose()
+            return
+        }
+        var keepAlive = responder.keepAlive && !shuttingDown && stream.framing == .chunked
+        if keepAlive, let value = head.headers["Connection"], value.lowercased().contains("close") {
+            keepAlive = false
+        }
+        serializeResponse(head, into: &connection.outBuffer, dateHeader: dateHeader, isHead: responder.isHead,
+                          keepAlive: keepAlive, http10: responder.isHTTP10, streamed: stream.framing)
+        connection.stream = stream
+        connection.streamKeepAlive = keepAlive
+        if let onResponse = settings.onResponse {
+            onResponse(responder.routePattern, responder.method, head.status,
+                       monotonicNanoseconds() &- responder.startNanoseconds)
+        }
+        if responder.isHead || head.status < 200 || head.status == 204 || head.status == 304 {
+            endStream(connection, stream)
+        } else {
+            // Bytes written before the head went out were kept for now (`streamReady` found no stream yet).
+            streamReady(stream)
+            return
+        }
+        if !connection.processing {
+            advance(connection)
+        }
+    }
+
+    /// Moves a stream's written bytes to its connection's output and writes them; closes a connection whose
+    /// client reads too slowly.
+    func streamReady(_ stream: HTTPStream) {
+        assert(inLoopThread, "streams are written on their connection's own loop")
+        // Before the head is out, the bytes wait in the stream (`startStream` comes back for them).
+        guard let connection = stream.connection, !connection.closed, connection.stream === stream else { return }
+        let (bytes, finished, overflowed) = stream.take()
+        if overflowed || (connection.outBuffer.count - connection.outOffset) + bytes.count > stream.maxBufferedBytes {
+            close(connection)
+            return
+        }
+        connection.outBuffer.append(contentsOf: bytes)
+        if finished {
+            endStream(connection, stream)
+        }
+        if !connection.processing {
+            advance(connection)
+        }
+    }
+
+    private static let lastChunk: [UInt8] = Array("0\r\n\r\n".utf8)
+
+    /// The streamed body is complete: the connection serves its next request (or closes, for HTTP/1.0).
+    private func endStream(_ connection: Connection, _ stream: HTTPStream) {
+        if stream.framing == .chunked && !stream.headOnly {
+            connection.outBuffer.append(contentsOf: EventLoop.lastChunk)
+        }
+        connection.stream = nil
+        connection.pending = nil
+        // A stream that ends once shutdown began closes its connection, as a late answer would.
+        _ = connection.machine.event(.answerQueued(keepAlive: connection.streamKeepAlive && !shuttingDown))
+    }
+
     // MARK: - Writing
 
     private func flush(_ connection: Connection) {
@@ -536,6 +621,10 @@ final class EventLoop: @unchecked Sendable {
         }
         connection.dropInput()
         connection.outBuffer = []
+        if let stream = connection.stream {
+            connection.stream = nil
+            stream.connectionDidClose()
+        }
         if let pending = connection.pending {
             connection.pending = nil
             pending.connectionDidClose()

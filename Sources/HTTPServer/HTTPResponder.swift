@@ -73,6 +73,21 @@ public final class HTTPResponder: @unchecked Sendable {
         }
     }
 
+    /// Marks the answer given, for a stream; false if it was given already or the connection closed.
+    func claimForStream() -> Bool {
+        state.withLock { state in
+            if state.done || state.connectionClosed { return false }
+            state.done = true
+            state.onClose = nil
+            return true
+        }
+    }
+
+    /// A stand-alone responder's stream: its head goes to `onSend`.
+    func sendHeadOnly(_ head: HTTPResponse) {
+        sink?(head)
+    }
+
     /// Called at most once, on some thread, if the connection closes before `send` — so a long-poll can
     /// stop waiting. Set after the connection already closed, it is called at once.
     ///

@@ -1,7 +1,9 @@
 /// Serialises a response head and body into `out`: status line, `Server`, `Date`, the handler's
 /// headers (minus the framing ones the server owns), `Content-Length`, `Connection`, body.
+///
+/// With `streamed`, only the head is written, for a body sent later (`HTTPStream`).
 func serializeResponse(_ response: HTTPResponse, into out: inout [UInt8], dateHeader: [UInt8], isHead: Bool,
-                       keepAlive: Bool, http10: Bool) {
+                       keepAlive: Bool, http10: Bool, streamed: StreamFraming? = nil) {
     let status = response.status
     let bodyAllowed = !(status < 200 || status == 204 || status == 304)
     out.append(contentsOf: statusLine(status))
@@ -31,7 +33,9 @@ func serializeResponse(_ response: HTTPResponse, into out: inout [UInt8], dateHe
         out.append(0x0D)
         out.append(0x0A)
     }
-    if bodyAllowed {
+    if let streamed {
+        if streamed == .chunked && bodyAllowed { out.append(contentsOf: transferEncodingChunked) }
+    } else if bodyAllowed {
         out.append(contentsOf: contentLengthPrefix)
         if isHead && response.body.isEmpty, let explicit = explicitLength,
            !explicit.isEmpty, explicit.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) {
@@ -50,10 +54,20 @@ func serializeResponse(_ response: HTTPResponse, into out: inout [UInt8], dateHe
     }
     out.append(0x0D)
     out.append(0x0A)
-    if bodyAllowed && !isHead {
+    if bodyAllowed && !isHead && streamed == nil {
         out.append(contentsOf: response.body)
     }
 }
+
+/// How a streamed body is delimited.
+enum StreamFraming: Equatable {
+    /// `Transfer-Encoding: chunked` (HTTP/1.1).
+    case chunked
+    /// No framing header: the body ends when the connection closes (HTTP/1.0, which has no chunked coding).
+    case untilClose
+}
+
+private let transferEncodingChunked: [UInt8] = Array("Transfer-Encoding: chunked\r\n".utf8)
 
 private let colonSpace: (UInt8, UInt8) = (UInt8(ascii: ":"), UInt8(ascii: " "))
 private let serverHeader: [UInt8] = Array("Server: jobserver\r\n".utf8)

@@ -7,6 +7,7 @@ import Synchronization
 enum Route: CaseIterable {
     case submitJob, listJobs, getJob, deleteJob, cancelJob, listNodes, getNode, getNodeBody, health, metrics, openAPI
     case retryJob
+    case jobEvents
 
     var method: String {
         switch self {
@@ -25,6 +26,7 @@ enum Route: CaseIterable {
         case .listNodes: return "/v1/jobs/{id}/nodes"
         case .getNode: return "/v1/jobs/{id}/nodes/{node}"
         case .getNodeBody: return "/v1/jobs/{id}/nodes/{node}/body"
+        case .jobEvents: return "/v1/jobs/{id}/events"
         case .health: return "/healthz"
         case .metrics: return "/metrics"
         case .openAPI: return "/openapi.yaml"
@@ -41,6 +43,8 @@ enum Route: CaseIterable {
         case .cancelJob, .getJob, .listNodes, .getNode, .health, .metrics, .openAPI: return false
         // Answered from the store's commit callback, as a cancel is.
         case .retryJob: return false
+        // A stream holds no thread: the engine writes its events as they happen.
+        case .jobEvents: return false
         }
     }
 }
@@ -65,6 +69,11 @@ final class App: @unchecked Sendable {
     private let shutdownLock = NSLock()
     private var shuttingDown = false
 
+    /// The open event streams of `GET /v1/jobs/{id}/events`.
+    let eventStreams: EventStreams
+    /// The webhook deliveries, for `/metrics`; set once by `Service` before the server starts.
+    var webhooks: WebhookOutbox?
+
     /// `jobserver_http_requests_total`, fed by `makeServerConfiguration()`'s `onResponse`.
     let httpRequests = HTTPRequestCounter()
 
@@ -74,6 +83,7 @@ final class App: @unchecked Sendable {
         self.config = config
         self.logger = logger
         self.auth = config.token.map(BearerAuth.init(token:))
+        self.eventStreams = EventStreams(engine: engine, logger: logger, keepAliveIntervalMs: config.eventsKeepAliveMs)
     }
 
     // MARK: Wiring
@@ -86,7 +96,8 @@ final class App: @unchecked Sendable {
                 let request = APIRequest(httpRequest)
                 let exchange = Exchange(
                     request: request, logger: logger, deliver: { responder.send($0) },
-                    registerOnClose: { responder.onClose = $0 })
+                    registerOnClose: { responder.onClose = $0 },
+                    startStream: { responder.startStream($0, maxBufferedBytes: $1) })
                 handle(route, request, exchange)
             }
         }
@@ -170,6 +181,7 @@ final class App: @unchecked Sendable {
             case .listNodes: try listNodes(request, exchange)
             case .getNode: try getNode(request, exchange)
             case .getNodeBody: try getNodeBody(request, exchange)
+            case .jobEvents: try eventStreams.serve(request, exchange)
             case .health: health(exchange)
             case .metrics: metrics(exchange)
             case .openAPI:
@@ -419,9 +431,10 @@ final class App: @unchecked Sendable {
     }
 
     private func metrics(_ exchange: Exchange) {
-        engine.metrics { [engine, fetcher, httpRequests] metrics in
+        engine.metrics { [engine, fetcher, httpRequests, webhooks] metrics in
             let snapshot = MetricsSnapshot(engine: metrics, fetcher: fetcher.stats, http: httpRequests.snapshot)
             let text = PrometheusText.render(snapshot) + StoreHealthText.metrics(engine.storeHealth)
+                + PrometheusText.webhooks(webhooks?.stats ?? WebhookStats())
             exchange.send(
                 HTTPResponse(
                     status: 200, headers: HTTPHeaders([("Content-Type", PrometheusText.contentType)]),

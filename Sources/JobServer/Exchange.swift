@@ -41,6 +41,8 @@ final class Exchange: @unchecked Sendable {
     private let startedNs = DispatchTime.now().uptimeNanoseconds
     private let deliver: @Sendable (HTTPResponse) -> Void
     private let registerOnClose: (@escaping @Sendable () -> Void) -> Void
+    /// Answers with a streamed body (`HTTPResponder.startStream`); `nil` where there is no connection to stream on.
+    private let startStream: (@Sendable (HTTPResponse, Int) -> HTTPStream)?
     /// Set by the first `send`; an atomic flag rather than a lock, which would cost an allocation per request.
     private let answered = Atomic<Bool>(false)
 
@@ -49,7 +51,8 @@ final class Exchange: @unchecked Sendable {
     ///   - registerOnClose: arranges for an action to run when the client goes away (`HTTPResponder.onClose`).
     init(
         request: APIRequest, logger: Logger, deliver: @escaping @Sendable (HTTPResponse) -> Void,
-        registerOnClose: @escaping (@escaping @Sendable () -> Void) -> Void
+        registerOnClose: @escaping (@escaping @Sendable () -> Void) -> Void,
+        startStream: (@Sendable (HTTPResponse, Int) -> HTTPStream)? = nil
     ) {
         self.requestID = Self.requestID(from: request.headers)
         self.method = request.method
@@ -57,6 +60,7 @@ final class Exchange: @unchecked Sendable {
         self.logger = logger
         self.deliver = deliver
         self.registerOnClose = registerOnClose
+        self.startStream = startStream
     }
 
     /// Sends `response` unless one was sent already.
@@ -75,6 +79,23 @@ final class Exchange: @unchecked Sendable {
                 ])
         }
         deliver(response)
+    }
+
+    /// Answers with `head` and a body written later through the returned stream, unless an answer was sent already
+    /// or this exchange has no connection to stream on (then `nil`). Logged when the head goes out.
+    func stream(_ head: HTTPResponse, maxBufferedBytes: Int) -> HTTPStream? {
+        guard let startStream, !answered.exchange(true, ordering: .acquiringAndReleasing) else { return nil }
+        var head = head
+        head.headers.set("X-Request-Id", requestID)
+        if logger.minimumLevel <= .info {
+            logger.info(
+                "request",
+                [
+                    "request_id": .string(requestID), "method": .string(method), "path": .string(path),
+                    "status": .int(head.status), "streamed": .bool(true),
+                ])
+        }
+        return startStream(head, maxBufferedBytes)
     }
 
     /// Runs `action` when the client goes away before the answer.

@@ -552,6 +552,91 @@ paths:
         "503":
           $ref: "#/components/responses/Unavailable"
 
+  /v1/jobs/{id}/events:
+    parameters:
+      - $ref: "#/components/parameters/JobId"
+      - $ref: "#/components/parameters/RequestId"
+    get:
+      tags: [jobs]
+      operationId: jobEvents
+      summary: Follow a job as Server-Sent Events
+      description: |
+        A `text/event-stream` (the WHATWG HTML server-sent events format; works
+        with `curl -N`), sent chunked on HTTP/1.1. Events, each with `id:` the
+        job's `version` at the time and `data:` one line of JSON:
+
+        - `event: job` with the job object without `result` (a `JobSummary`),
+          at once;
+        - `event: node` with the node without `result` (a `Node`), at every
+          change of a node's state (changes the server makes within one
+          moment are sent together: a node's passing state may then be
+          skipped, never its last one);
+        - `event: job` again at every change of the job's state; after the job
+          settled, a last `event: job`, then the stream ends (the connection
+          stays open for the next request). For a job already settled that is
+          the first and last event.
+
+        `Last-Event-ID` (as browsers send it on reconnecting) or `since=V`
+        resumes: the nodes whose state changed at or after version `V` are
+        sent first, then the job. Events sent together share one `id`, so a
+        client cut off among them gets them again, and a node whose change is
+        not known (e.g. from before a restart) counts as changed: a resumed
+        stream may repeat a node, never miss one. The header wins over the query. A comment line
+        (`: keep-alive`) every 15 seconds keeps proxies open. A stream holds
+        no server thread; a client that reads so slowly that 1 MiB of events
+        waits for it is disconnected (resume with `Last-Event-ID`). When the
+        server shuts down, each stream gets the job as it is as its last event.
+
+        ```
+        event: job
+        id: 3
+        data: {"id":"01JEXAMPLE7K3M2Q9R8T6V5W4X","name":null,"state":"running",…,"version":3}
+
+        event: node
+        id: 4
+        data: {"id":"root.0","parent":"root","type":"fetch","state":"succeeded",…}
+        ```
+      parameters:
+        - name: since
+          in: query
+          description: resume after this `version`
+          schema:
+            type: integer
+            format: int64
+            minimum: 0
+        - name: Last-Event-ID
+          in: header
+          description: the last event `id` received; resume after it
+          schema:
+            type: string
+            pattern: "^[0-9]{1,18}$"
+      responses:
+        "200":
+          description: the event stream
+          headers:
+            X-Request-Id:
+              $ref: "#/components/headers/RequestId"
+          content:
+            text/event-stream:
+              schema:
+                $ref: "#/components/schemas/JobEvent"
+        "400":
+          $ref: "#/components/responses/BadRequest"
+        "401":
+          $ref: "#/components/responses/Unauthorized"
+        "404":
+          $ref: "#/components/responses/NotFound"
+        "408":
+          $ref: "#/components/responses/RequestTimeout"
+        "414":
+          $ref: "#/components/responses/UriTooLong"
+        "417":
+          $ref: "#/components/responses/ExpectationFailed"
+        "431":
+          $ref: "#/components/responses/HeadersTooLarge"
+        "503":
+          $ref: "#/components/responses/Unavailable"
+
   /v1/jobs/{id}/nodes:
     parameters:
       - $ref: "#/components/parameters/JobId"
@@ -788,7 +873,9 @@ paths:
         `jobserver_store_degraded` (1 while writes fail and are retried),
         `jobserver_store_write_failures_total`, `jobserver_store_pending_changes`
         (records waiting for the store) and `jobserver_store_dropped_changes_total`
-        (changes given up for a reason other than a resource: a bug).
+        (changes given up for a reason other than a resource: a bug);
+        `notify` webhook attempts by outcome:
+        `jobserver_webhook_deliveries_total{outcome="delivered"|"retried"|"failed"}`.
       responses:
         "200":
           description: the metrics
@@ -1263,6 +1350,8 @@ components:
           type: integer
           minimum: 1
           maximum: 1000
+        notify:
+          $ref: "#/components/schemas/NotifyRequest"
 
     NodeId:
       description: |
@@ -1862,11 +1951,87 @@ components:
           description: runs of the job; 1 at first, one more at each `POST /v1/jobs/{id}/retry`
           type: integer
           minimum: 1
+        notify:
+          $ref: "#/components/schemas/NotifyStatus"
         version:
           description: grows by at least one at every change of any node's state
           type: integer
           format: int64
           minimum: 1
+
+    JobEvent:
+      description: |
+        One event of `GET /v1/jobs/{id}/events`, as the WHATWG HTML
+        server-sent events format parses it (the schema applies to each
+        event of the stream).
+      type: object
+      required: [event, id, data]
+      properties:
+        event:
+          type: string
+          enum: [job, node]
+        id:
+          description: the job's `version` when the event was sent
+          type: string
+          pattern: "^[0-9]+$"
+        data:
+          description: |
+            One line of compact JSON: for `job` the job without `result` (a
+            `JobSummary`), for `node` the node without `result` (a `Node`).
+          type: string
+          contentMediaType: application/json
+
+    NotifyRequest:
+      description: |
+        A completion webhook (API.md §8). When the job settles, the server
+        POSTs the job object without `result` (a `JobSummary`) to `url`, with
+        `Content-Type: application/json`, `X-Jobserver-Event: job.settled`,
+        `X-Jobserver-Delivery: <job id>.<version>` (the same on every attempt
+        of one delivery) and, when the server runs with `--webhook-secret`,
+        `X-Jobserver-Signature: sha256=<lowercase hex HMAC-SHA256 of the body
+        under the secret>`. An answer in 2xx delivers it; any other answer, a
+        connection error or a timeout (10 s) is retried with backoff (0.5 s,
+        doubling with jitter, at most 5 min apart) until `--webhook-retry-for`
+        (default 24 h) after the job settled, then the delivery is `failed`.
+        Redirects are not followed. The URL follows the rules of a fetch's
+        `url` (checked at submit, `422` with `path` `/notify/url`), and
+        `--deny-cidr` applies to the address connected to: a denied address is
+        never contacted and the delivery fails at once. The delivery is stored
+        in the same transaction as the job's settled state and survives
+        restarts (at least once: a delivery cut short by a crash is made
+        again). A job retried and settled again is delivered again, as a new
+        delivery. A submission with `notify` may nest at most 900 levels of
+        JSON (`422` at `/notify`; only a raised `--max-depth` lets a body nest
+        that deep).
+      type: object
+      additionalProperties: false
+      required: [url]
+      properties:
+        url:
+          description: absolute `http://` or `https://` URL
+          type: string
+          format: uri
+          maxLength: 8192
+
+    NotifyStatus:
+      description: |
+        Present on a job submitted with `notify` (on the job itself; not in
+        lists, event streams or webhook bodies): its webhook delivery. `pending` until the job settled and the receiver answered
+        2xx; `failed` once given up.
+      type: object
+      additionalProperties: false
+      required: [state, attempts, last_status]
+      properties:
+        state:
+          type: string
+          enum: [pending, delivered, failed]
+        attempts:
+          description: attempts made so far
+          type: integer
+          minimum: 0
+        last_status:
+          description: the HTTP status of the last attempt's answer; `null` before any or without one
+          type: [integer, "null"]
 
     Job:
       description: A job, with `result`.

@@ -56,6 +56,10 @@ enum Presentation {
         // Only a job given an input shows it, and like `result` only on the job itself, not in listings.
         if includeResult, let input = job.input { members.append(JSONMember("input", input)) }
         members += scheduling(job)
+        // Like `input`, only on the job itself: not in lists, event streams or webhook bodies.
+        if includeResult, let notify = job.notify ?? (job.notifyURL == nil ? nil : .pending) {
+            members.append(JSONMember("notify", Self.notify(notify)))
+        }
         members.append(JSONMember("version", .int(job.version)))
         return .object(members)
     }
@@ -73,6 +77,18 @@ enum Presentation {
         members.append(JSONMember("attempt", .int(job.attempt)))
         return members
     }
+
+    /// A job's webhook delivery (API.md §8).
+    static func notify(_ status: NotifyStatus) -> JSONValue {
+        .object([
+            JSONMember("state", .string(status.state)),
+            JSONMember("attempts", .int(status.attempts)),
+            JSONMember("last_status", status.lastStatus.map { .int($0) } ?? .null),
+        ])
+    }
+
+    /// The body of a webhook delivery: the job object without `result`.
+    @Sendable static func webhookBytes(_ record: JobRecord) -> [UInt8] { job(record, includeResult: false).bytes }
 
     /// The bytes of `GET /v1/jobs/{id}`'s answer: the job object with its result.
     @Sendable static func jobBytes(_ record: JobRecord) -> [UInt8] { job(record).bytes }

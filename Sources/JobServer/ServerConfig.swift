@@ -23,6 +23,12 @@ struct ServerConfig: Equatable {
     var maxActiveJobs = 10_000
     var settledCacheBytes = 64 << 20
     var logLevel = Logger.Level.info
+    /// Signs webhook bodies with HMAC-SHA256 under this key.
+    var webhookSecret: String?
+    /// Failed webhook deliveries are retried until this long after the job settled.
+    var webhookRetryForMs: Int64 = 86_400_000
+    /// How often an event stream gets a keep-alive comment (API.md §8 says 15 s; tests shorten it). No flag.
+    var eventsKeepAliveMs = 15_000
 }
 
 /// What the command line asks for.
@@ -119,6 +125,16 @@ enum CommandLineParser {
         Option(flag: "--settled-cache-bytes", help: "settled jobs' answers kept in memory (default 64MiB; 0 = none)") {
             c, v, _ in
             c.settledCacheBytes = v.trimmingCharacters(in: .whitespaces) == "0" ? 0 : try size(v, flag: "--settled-cache-bytes")
+        },
+        Option(flag: "--webhook-secret", help: "sign notify webhooks: X-Jobserver-Signature: sha256=<HMAC> (default: unsigned)") {
+            c, v, _ in
+            c.webhookSecret = v.isEmpty ? nil : v
+        },
+        Option(flag: "--webhook-retry-for", help: "retry a failed notify webhook for this long after the job settled (default 24h)") {
+            c, v, _ in
+            let ms = try duration(v, flag: "--webhook-retry-for")
+            guard ms > 0 else { throw ConfigError(message: "--webhook-retry-for: must be more than 0") }
+            c.webhookRetryForMs = ms
         },
         Option(flag: "--log-level", help: "debug, info, warning or error (default info)") { c, v, _ in
             switch v.lowercased() {
@@ -279,6 +295,13 @@ extension ServerConfig {
     }
 
     /// The fetcher's settings.
+    var webhookConfiguration: WebhookConfiguration {
+        var c = WebhookConfiguration()
+        c.secret = webhookSecret.map { Array($0.utf8) }
+        c.retryForMs = webhookRetryForMs
+        return c
+    }
+
     var fetcherConfiguration: FetcherConfiguration {
         var c = FetcherConfiguration()
         c.maxConcurrentFetches = maxConcurrentFetches

@@ -16,6 +16,7 @@ final class Service: @unchecked Sendable {
     let engine: Engine
     let fetcher: Fetcher
     let app: App
+    let webhooks: WebhookOutbox
     private let server: HTTPServer
     private let logger: Logger
 
@@ -39,7 +40,14 @@ final class Service: @unchecked Sendable {
         }
         engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
             renderSettled: Presentation.jobBytes)
+        let engine = self.engine
+        webhooks = WebhookOutbox(
+            path: config.dbPath, store: store, fetcher: fetcher, configuration: config.webhookConfiguration,
+            logger: logger, render: Presentation.webhookBytes, onChange: { engine.forgetSettledAnswer(jobID: $0) })
+        let webhooks = self.webhooks
+        engine.notifyStatus = { webhooks.status(jobID: $0) }
         app = App(engine: engine, fetcher: fetcher, config: config, logger: logger)
+        app.webhooks = webhooks
         server = HTTPServer(configuration: app.makeServerConfiguration(), router: app.makeRouter())
     }
 
@@ -51,10 +59,18 @@ final class Service: @unchecked Sendable {
         } catch {
             throw StartupError(step: "start the engine", underlying: error)
         }
+        do {
+            try webhooks.start()
+        } catch {
+            engine.shutdown(gracePeriodMs: 0)
+            fetcher.shutdown()
+            throw StartupError(step: "open the webhook outbox", underlying: error)
+        }
         let port: Int
         do {
             port = try server.start()
         } catch {
+            webhooks.stop()
             engine.shutdown(gracePeriodMs: 0)
             fetcher.shutdown()
             throw StartupError(step: "listen on \(config.host):\(config.port)", underlying: error)
@@ -74,6 +90,7 @@ final class Service: @unchecked Sendable {
         if !server.shutdown(gracePeriodSeconds: Double(config.shutdownGraceMs) / 1000) {
             logger.warning("connections still open at the end of the grace period")
         }
+        webhooks.stop()
         engine.shutdown(gracePeriodMs: Int(max(0, deadline - Timestamp.monotonicMs())))
         fetcher.shutdown()
         logger.info("stopped")

@@ -150,6 +150,21 @@ final class RawClient {
         }
     }
 
+    /// The bytes up to and including `marker` (e.g. the last chunk of a streamed body); nil if the connection
+    /// closes or the socket timeout passes first.
+    func readThrough(_ marker: [UInt8]) -> [UInt8]? {
+        while true {
+            if buffer.count >= marker.count {
+                for i in 0...(buffer.count - marker.count) where buffer[i..<(i + marker.count)].elementsEqual(marker) {
+                    let out = Array(buffer[0..<(i + marker.count)])
+                    buffer.removeFirst(i + marker.count)
+                    return out
+                }
+            }
+            if !fill() { return nil }
+        }
+    }
+
     /// Whether unread bytes are buffered (for "no more responses" checks).
     var hasBufferedBytes: Bool { !buffer.isEmpty }
 

@@ -55,6 +55,9 @@ final class PrometheusTextTests: XCTestCase {
             # HELP jobserver_jobs_load_failures_total Stored jobs that could not be loaded at start and were failed.
             # TYPE jobserver_jobs_load_failures_total counter
             jobserver_jobs_load_failures_total 0
+            # HELP jobserver_long_polls_waiting Long-polls waiting for a job to change.
+            # TYPE jobserver_long_polls_waiting gauge
+            jobserver_long_polls_waiting 0
             # HELP jobserver_jobs_scheduled Jobs waiting in the store for their not_before.
             # TYPE jobserver_jobs_scheduled gauge
             jobserver_jobs_scheduled 0

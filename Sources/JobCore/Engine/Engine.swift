@@ -23,6 +23,8 @@ public final class Engine: @unchecked Sendable {
     private var pumpScheduled = false
     private var fetchQueue: FetchQueue
     var waiters: [String: [Waiter]] = [:]
+    /// The event streams (`watchEvents`).
+    private let eventHub = JobEventHub()
     private var idGenerator = JobIDGenerator()
     var shuttingDown = false
     private var sweepTimer: DispatchSourceTimer?
@@ -50,6 +52,9 @@ public final class Engine: @unchecked Sendable {
     var gate = ConcurrencyGate()
     /// Jobs waiting in the store for their `not_before`, and the one timer for the earliest (API.md §8).
     let timekeeper = Timekeeper()
+    /// A stored job's webhook delivery state (`notify`), looked up on a read queue when the job is read from the
+    /// store. Set once, before `start()`.
+    public var notifyStatus: (@Sendable (String) -> NotifyStatus?)?
 
     /// - Parameters:
     ///   - store: where jobs live.
@@ -227,6 +232,7 @@ public final class Engine: @unchecked Sendable {
                 for waiter in list { waiter.fire(job ?? (try? store.job(id: id)) ?? nil) }
             }
             waiters.removeAll()
+            eventHub.endAll { runs[$0]?.record }
         }
     }
 
@@ -380,7 +386,8 @@ public final class Engine: @unchecked Sendable {
     private func readStoredJob(id: String) throws -> JobRead {
         // Taken before the read: a delete meanwhile must not be undone by keeping what was read before it.
         let removals = settledJobs.removals
-        guard let job = try store.jobWithoutRequest(id: id) else { return .notFound }
+        guard var job = try store.jobWithoutRequest(id: id) else { return .notFound }
+        job.notify = notifyStatus?(id)
         guard job.state.isSettled, let renderSettled else { return .record(job) }
         let settled = SettledJob(id: job.id, version: job.version, body: renderSettled(job))
         settledJobs.insert(settled, ifNoRemovalSince: removals)
@@ -389,7 +396,9 @@ public final class Engine: @unchecked Sendable {
 
     /// A job no longer in memory, as a record, without its submitted request.
     func storedJob(id: String) throws -> JobRecord? {
-        try store.jobWithoutRequest(id: id)
+        guard var job = try store.jobWithoutRequest(id: id) else { return nil }
+        job.notify = notifyStatus?(id)
+        return job
     }
 
     /// Drops deleted jobs from the cache of settled jobs, after the store committed their deletion: a read
@@ -624,6 +633,57 @@ public final class Engine: @unchecked Sendable {
         queue.async { self.dropWaiter(waiter, jobID: jobID) }
     }
 
+    // MARK: - Event streams
+
+    /// Calls `handler` with the job's changes as they happen (API.md §8 events): first the job (and, from
+    /// `afterVersion`, the nodes changed at or after it), then a batch per change of node states, until a last batch
+    /// when the job settles or the server stops; `nil` once if there is no such job. Calls come in order on one
+    /// queue shared by all streams; no thread waits meanwhile.
+    /// - Returns: a token that stops the calls (the client went away).
+    public func watchEvents(
+        id: String, afterVersion: Int64?, _ handler: @escaping @Sendable (JobEventBatch?) -> Void
+    ) -> Cancellable {
+        let subscriber = JobEventSubscriber(jobID: id, handler: handler)
+        subscriber.engine = self
+        queue.async {
+            if let run = self.runs[id] {
+                if self.shuttingDown {
+                    let batch = JobEventBatch(job: run.record, nodes: [], jobStateChanged: true, isLast: true)
+                    self.eventHub.fanOut.async { subscriber.deliver(batch) }
+                } else {
+                    self.eventHub.add(subscriber, run: run, afterVersion: afterVersion)
+                }
+                return
+            }
+            // Not in memory: settled (or not running here), so it changes no more; one batch says all.
+            let fanOut = self.eventHub.fanOut
+            self.onReadQueue {
+                let batch: JobEventBatch?
+                do {
+                    if let job = try self.storedJob(id: id) {
+                        var nodes: [NodeRecord] = []
+                        // At or after: a client cut off among the events of the job's last version needs them again.
+                        if let after = afterVersion, after <= job.version {
+                            nodes = try self.store.nodes(jobID: id, includeResults: false)
+                        }
+                        batch = JobEventBatch(job: job, nodes: nodes, jobStateChanged: true, isLast: true)
+                    } else {
+                        batch = nil
+                    }
+                } catch {
+                    self.logger.error("event stream could not read the job", ["job": .string(id), "error": .string("\(error)")])
+                    batch = nil
+                }
+                fanOut.async { subscriber.deliver(batch) }
+            }
+        }
+        return subscriber
+    }
+
+    func removeEventSubscriber(_ subscriber: JobEventSubscriber) {
+        queue.async { self.eventHub.remove(subscriber) }
+    }
+
     // MARK: - Called by runs, on the queue
 
     func enqueueFetch(run: JobRun, node: Int, host: String) {
@@ -668,6 +728,7 @@ public final class Engine: @unchecked Sendable {
         let batch = dirtyRuns.values
         dirtyRuns.removeAll()
         for run in batch {
+            eventHub.record(run, dirty: run.dirtyNodes)
             if run.dirtyJob { jobs.append(run.record) }
             for i in run.dirtyNodes.sorted() { nodes.append(run.nodes[i]) }
             bodies.append(contentsOf: run.pendingBodies)
@@ -739,6 +800,7 @@ public final class Engine: @unchecked Sendable {
         guard runs[run.id] === run else { return }
         runs[run.id] = nil
         countedJobState[run.id] = nil
+        eventHub.forget(run.id)
         for state in NodeState.allCases { nodesByState[state, default: 0] -= run.record.progress[state] }
         if !run.record.state.isSettled { unsettledJobs -= 1 }
         fetchQueue.removeJob(run.id)

@@ -292,6 +292,8 @@ public struct JobSpec: Equatable, Sendable {
     public var input: JSONValue?
     /// `not_before` and the concurrency key (API.md §8).
     public var schedule = ScheduleOptions()
+    /// Where the completion webhook goes (API.md §8 `notify`).
+    public var notify: NotifyTarget? = nil
 
     /// A job spec from parts already validated.
     public init(name: String? = nil, deadlineMs: Int? = nil, metadata: JSONValue? = nil, graph: JobGraph) {
@@ -313,7 +315,9 @@ public struct JobSpec: Equatable, Sendable {
     public static func parse(_ body: JSONValue, limits: Limits = Limits()) throws -> JobSpec {
         var validator = GraphValidator(limits: limits)
         var dataflow = DataflowParser(limits: limits)
-        dataflow.parse(body)
+        let notify = NotifyParser.extract(body)
+        for issue in notify.issues { validator.issues.add(issue.pointer, issue.message, key: issue.key) }
+        dataflow.parse(notify.body)
         for issue in dataflow.issues { validator.issues.add(issue.pointer, issue.message, key: issue.key) }
         let scheduling = ScheduleOptions.take(from: dataflow.body, nowMs: Timestamp.nowMs())
         for issue in scheduling.issues { validator.issues.add(issue.pointer, issue.message, key: issue.key) }
@@ -322,6 +326,7 @@ public struct JobSpec: Equatable, Sendable {
         guard var spec else { throw ValidationError(issues: [ValidationIssue(pointer: "", message: "invalid job")]) }
         spec.schedule = scheduling.options
         try spec.attachDataflow(dataflow)
+        spec.notify = notify.target
         return spec
     }
 }

@@ -94,6 +94,9 @@ public struct JobRecord: Equatable, Sendable {
     public var retriedAt: Int64? = nil
     /// Not stored: the job's place in its concurrency key's queue while it waits there (1 = next).
     public var queuePosition: Int? = nil
+    /// The `notify` webhook's delivery (API.md §8), when read from the outbox; `nil` for a live record, whose
+    /// delivery is pending if its request has a `notify`.
+    public var notify: NotifyStatus? = nil
 
     public init(
         id: String, name: String? = nil, state: NodeState = .pending, createdAt: Int64, startedAt: Int64? = nil,

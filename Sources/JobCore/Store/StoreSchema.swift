@@ -79,6 +79,44 @@ enum StoreSchema {
         ALTER TABLE jobs ADD COLUMN retried_at INTEGER;
         CREATE INDEX jobs_due_at ON jobs (due_at, id) WHERE due_at IS NOT NULL;
         """,
+        // 5: the outbox of `notify` webhooks (API.md §8): one row per job that asked for one. The triggers write it in
+        // the transaction that inserts the job and in the one that settles it, so a settled job's delivery is as
+        // durable as its state, whatever writes that state. SQLite's JSON functions raise an error on a document
+        // nested deeper than about 1,000 levels, which would refuse the job: only a request that names `notify` is
+        // parsed, and only once `json_valid` (which answers 0 instead) passed it; submissions keep a job with
+        // `notify` within that depth (`NotifyParser.maxRequestDepth`).
+        """
+        CREATE TABLE webhook_outbox (
+            job_id TEXT NOT NULL PRIMARY KEY,
+            url TEXT NOT NULL,
+            state TEXT NOT NULL,
+            delivery TEXT,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_status INTEGER,
+            last_error TEXT,
+            settled_at INTEGER,
+            next_attempt_at INTEGER
+        );
+        CREATE INDEX webhook_outbox_due ON webhook_outbox (next_attempt_at) WHERE state = 'pending';
+        CREATE TRIGGER webhook_outbox_on_insert AFTER INSERT ON jobs
+        WHEN instr(NEW.request, '"notify"') > 0
+            AND CASE WHEN json_valid(NEW.request) THEN json_type(NEW.request, '$.notify.url') = 'text' ELSE 0 END
+        BEGIN
+            INSERT OR REPLACE INTO webhook_outbox (job_id, url, state)
+            VALUES (NEW.id, json_extract(NEW.request, '$.notify.url'), 'waiting');
+        END;
+        CREATE TRIGGER webhook_outbox_on_settle AFTER UPDATE OF state ON jobs
+        WHEN NEW.state IN ('succeeded', 'failed', 'cancelled', 'skipped') AND OLD.state IN ('pending', 'running')
+        BEGIN
+            UPDATE webhook_outbox SET state = 'pending', delivery = NEW.id || '.' || NEW.version, attempts = 0,
+                last_status = NULL, last_error = NULL, settled_at = coalesce(NEW.finished_at, 0), next_attempt_at = 0
+            WHERE job_id = NEW.id;
+        END;
+        CREATE TRIGGER webhook_outbox_on_delete AFTER DELETE ON jobs
+        BEGIN
+            DELETE FROM webhook_outbox WHERE job_id = OLD.id AND state <> 'pending';
+        END;
+        """,
     ]
 
     /// The version a fully migrated database has.
