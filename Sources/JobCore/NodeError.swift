@@ -19,6 +19,10 @@ public enum ErrorKind: String, Sendable, CaseIterable {
     case refType = "ref_type"
     /// A url built from references is not an absolute http or https URL.
     case invalidURL = "invalid_url"
+    /// A map's items were more than its `max_items`, or than `--max-nodes` still allows (API.md §7.1).
+    case tooManyItems = "too_many_items"
+    /// More of a map's copies failed than its `tolerated_failures`.
+    case tooManyFailures = "too_many_failures"
 }
 
 /// A node's or job's failure, as clients see it:

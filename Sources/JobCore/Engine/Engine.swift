@@ -167,7 +167,11 @@ public final class Engine: @unchecked Sendable {
     }
 
     private func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) throws -> JobRun {
-        let spec = try JobSpec.parse(job.request, limits: configuration.limits.forStoredJobs)
+        var spec = try JobSpec.parse(job.request, limits: configuration.limits.forStoredJobs)
+        // The copies of the maps that had expanded come after the submitted nodes, as they were made.
+        if stored.count > spec.graph.nodes.count {
+            try MapExpansion.restore(store.mapExpansions(jobID: job.id), into: &spec.graph)
+        }
         guard spec.graph.nodes.count == stored.count else {
             throw EngineError.invalidStoredJob("the graph has \(spec.graph.nodes.count) nodes, the store \(stored.count)")
         }
@@ -666,6 +670,11 @@ public final class Engine: @unchecked Sendable {
             jobsByState[state, default: 0] += 1
             countedJobState[run.id] = state
         }
+    }
+
+    /// A map of a run in memory added `count` pending nodes.
+    func nodesAdded(_ count: Int) {
+        nodesByState[.pending, default: 0] += count
     }
 
     /// A node of a run in memory moved from `old` to `new`.

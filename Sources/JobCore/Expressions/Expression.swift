@@ -214,6 +214,8 @@ public struct NodeDataflow: Equatable, Sendable {
     public var recover: ValueTemplate?
     /// Applied to the node's result when it succeeds.
     public var select: JSONPointerPath?
+    /// A map's `items` with a `$ref` in it (API.md §7.1).
+    public var items: ValueTemplate?
 
     public init() {}
 

@@ -66,6 +66,17 @@ enum StoreSchema {
         """,
         // 2: the request a fetch sent, so that it is shown on node reads and sent again unchanged after a restart.
         "ALTER TABLE nodes ADD COLUMN request TEXT;",
+        // map_items: the items each expanded `map` node resolved, and where its copies begin among the job's
+        // nodes, written in the transaction that inserts the copies; a restart expands the map again from them.
+        """
+        CREATE TABLE IF NOT EXISTS map_items (
+            job_id TEXT NOT NULL,
+            node_id TEXT NOT NULL,
+            first_position INTEGER NOT NULL,
+            items TEXT NOT NULL,
+            PRIMARY KEY (job_id, node_id)
+        ) WITHOUT ROWID;
+        """,
     ]
 
     /// The version a fully migrated database has.
