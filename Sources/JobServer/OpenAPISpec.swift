@@ -1467,7 +1467,7 @@ components:
         *i* of the template's root gets the id `<map id>.<i>`, a template node
         with explicit id or path `t` below the root (`0`, `1.0`, …) gets
         `<map id>.<i>.<t>`, and the copies count in `progress.total` (which
-        grows) and are listed after the submitted nodes. From then on the map
+        grows) and are listed in tree order below their map. From then on the map
         settles as a `list` of its copies (result: the array in item order);
         an empty array succeeds with `[]`. With `tolerated_failures`, once
         more copies than that have failed the map fails with kind

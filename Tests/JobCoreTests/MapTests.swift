@@ -167,6 +167,19 @@ final class MapEngineTests: EngineTestCase {
         for id in 1...5 { XCTAssertEqual(try counter("users/\(id)"), 1) }
     }
 
+    func testNodeListingsShowTheCopiesInTreeOrder() throws {
+        let engine = try makeEngine()
+        let job = try submit(engine, #"""
+            {"graph": {"type": "sequence", "children": [
+              {"id": "m", "type": "map", "items": [1, 2], "template": {"type": "list", "children": [
+                {"type": "fetch", "url": "\#(u("/json"))"}]}},
+              {"id": "after", "type": "fetch", "url": "\#(u("/json"))"}]}}
+            """#)
+        _ = try settled(engine, job.id)
+        let ids = try engine.nodes(jobID: job.id, includeResults: false)?.map(\.id)
+        XCTAssertEqual(ids, ["root", "m", "m.0", "m.0.0", "m.1", "m.1.0", "after"])
+    }
+
     func testAnEmptyArraySucceedsWithAnEmptyArray() throws {
         let engine = try makeEngine()
         let job = try settled(engine, try submit(engine, idsThenUsers(0)).id)

@@ -405,13 +405,16 @@ public final class Engine: @unchecked Sendable {
         jobID: String, includeResults: Bool, _ completion: @escaping @Sendable (Result<[NodeRecord]?, Error>) -> Void
     ) {
         read(
-            jobID, live: { $0.nodeSnapshots(includeResults: includeResults) },
+            jobID, live: { run -> [NodeRecord]? in run.nodeSnapshots(includeResults: includeResults) },
             stored: {
                 guard try self.store.jobState(id: jobID) != nil else { return nil }
                 let stored = try self.store.nodes(jobID: jobID, includeResults: includeResults)
                 // Every job has its root node: none means it was deleted between the two reads.
                 return stored.isEmpty ? nil : stored
-            }, completion)
+            }) { result in
+                // On a read queue: a map's copies, stored after the submitted nodes, are put in tree order here.
+                completion(result.map { $0?.inTreeOrder() })
+            }
     }
 
     /// One node with its result, or which of job and node is missing.

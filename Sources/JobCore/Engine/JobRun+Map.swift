@@ -16,9 +16,8 @@ extension JobRun {
             return runner.deferred
         }
         let mapID = graph.nodes[i].id
-        let scope = ExpressionScope(input: record.input, graph: graph, nodes: nodes, copy: graph.nodes[i].copy)
         let items: [JSONValue]
-        switch ExpressionResolver.value(spec.items, in: scope, place: "items") {
+        switch resolveItems(i, spec) {
         case .failure(var error):
             error.node = mapID
             return Deferred.withError(error)
@@ -73,6 +72,14 @@ extension JobRun {
             engine.queue.async { (run?.runners[i] as? MapRunner)?.stored(committed, roots: roots) }
         }
         return runner.deferred
+    }
+
+    /// The map's items. The scope borrows the graph and the node records only while this runs: were it still alive
+    /// when the copies are appended, they would be copied whole.
+    private func resolveItems(_ i: Int, _ spec: MapSpec) -> Result<JSONValue, NodeError> {
+        if case .value(let items) = spec.items { return .success(items) }
+        let scope = ExpressionScope(input: record.input, graph: graph, nodes: nodes, copy: graph.nodes[i].copy)
+        return ExpressionResolver.value(spec.items, in: scope, place: "items")
     }
 }
 
@@ -242,5 +249,31 @@ final class MapRunner {
     private func cancelRemaining() {
         guard !run.stopping else { return }
         for (k, root) in roots.enumerated() where !run.nodes[root].state.isSettled { children[k].cancel() }
+    }
+}
+
+extension Array where Element == NodeRecord {
+    /// The records in tree order (API.md §2), when a map's copies, stored after the submitted nodes, put them
+    /// out of it: each copy right after its map's earlier copies, before the map's next sibling. Records already
+    /// in tree order (no map expanded) come back as they are; one pass over parent links either way.
+    func inTreeOrder() -> [NodeRecord] {
+        guard count > 1, contains(where: { $0.type == "map" }) else { return self }
+        var children: [String: [Int]] = [:]
+        for (k, record) in enumerated() where k > 0 {
+            if let parent = record.parent { children[parent, default: []].append(k) }
+        }
+        var out: [NodeRecord] = []
+        out.reserveCapacity(count)
+        var stack: [Int] = [0]
+        while let k = stack.popLast(), out.count < count {
+            out.append(self[k])
+            if let below = children[self[k].id] { stack.append(contentsOf: below.reversed()) }
+        }
+        // Nothing is lost if parent links were damaged: what the walk did not reach follows in stored order.
+        if out.count < count {
+            let reached = Set(out.map(\.position))
+            out.append(contentsOf: filter { !reached.contains($0.position) })
+        }
+        return out
     }
 }
