@@ -180,6 +180,26 @@ final class MapEngineTests: EngineTestCase {
         XCTAssertEqual(ids, ["root", "m", "m.0", "m.0.0", "m.1", "m.1.0", "after"])
     }
 
+    func testManyCopiesStartAChunkAtATimeAndAllSettle() throws {
+        let engine = try makeEngine()
+        let job = try settled(engine, try submit(engine, idsThenUsers(600)).id, seconds: 60)
+        XCTAssertEqual(job.state, .succeeded)
+        guard case .array(let users)? = job.result?[1] else { return XCTFail("no array of users") }
+        XCTAssertEqual(users.count, 600)
+        XCTAssertEqual(users.last?["name"], "user-600")
+    }
+
+    func testAnEarlyFireCancelsTheCopiesNotStartedYet() throws {
+        let engine = try makeEngine()
+        let job = try settled(engine, try submit(engine, idsThenUsers(600, mapFields: #", "fire_on_first_error": true"#,
+                                                                    userQuery: #""fail": "1""#)).id, seconds: 60)
+        XCTAssertEqual(job.error?.node, "users.0")
+        let nodes = try nodes(engine, job.id)
+        XCTAssertEqual(nodes["users.599"]?.state, .cancelled)
+        XCTAssertEqual(job.progress.pending + job.progress.running, 0)
+        XCTAssertEqual(try counter("users/600"), 0, "a copy of the last chunk started after the map had failed")
+    }
+
     func testAnEmptyArraySucceedsWithAnEmptyArray() throws {
         let engine = try makeEngine()
         let job = try settled(engine, try submit(engine, idsThenUsers(0)).id)

@@ -66,9 +66,15 @@ extension JobRun {
         let expansion = MapExpansionRecord(
             jobID: id, nodeID: mapID, firstPosition: base, items: .array(items), nodes: records)
         let engine = self.engine
+        let written = Timestamp.monotonicMs()
+        let jobID = id
         engine.store.expandMap(expansion) { [weak self] committed in
             // The runner is dropped when the map settles (cancelled meanwhile): then nothing is left to start.
             let run = self
+            engine.logger.debug(
+                "map expanded",
+                ["job": .string(jobID), "node": .string(mapID), "copies": .int(roots.count),
+                 "store_ms": .int(Int(Timestamp.monotonicMs() - written))])
             engine.queue.async { (run?.runners[i] as? MapRunner)?.stored(committed, roots: roots) }
         }
         return runner.deferred
@@ -143,7 +149,7 @@ final class MapRunner {
     private(set) lazy var deferred = Deferred(canceller: forwardingCanceller(to: self) { $0.cancel($1) })
     /// The list over the copies, once they run.
     private var list: Deferred?
-    private var window: ListWindow?
+    private var window: AnyObject?
     private var roots: [Int] = []
     private var children: [Deferred] = []
     private var failures: [NodeError] = []
@@ -190,7 +196,9 @@ final class MapRunner {
             self.window = window
             children = window.placeholders
         } else {
-            children = roots.map { run.start($0) }
+            let starter = StaggeredStart(run: run, children: roots)
+            self.window = starter
+            children = starter.placeholders
         }
         self.children = children
         if let tolerated = spec.toleratedFailures {
@@ -249,6 +257,68 @@ final class MapRunner {
     private func cancelRemaining() {
         guard !run.stopping else { return }
         for (k, root) in roots.enumerated() where !run.nodes[root].state.isSettled { children[k].cancel() }
+    }
+}
+
+/// A map's copies without a `concurrency` bound, started a chunk per turn of the engine's queue: the fetch
+/// queue runs between chunks, so the first copies' transfers begin without waiting for thousands of copies to
+/// start. Until started, a copy stands in the list as a placeholder, as in a list with `concurrency`.
+final class StaggeredStart {
+    static let chunk = 256
+    unowned let run: JobRun
+    let children: [Int]
+    private(set) var placeholders: [Deferred] = []
+    private var started: [Int: Deferred] = [:]
+    private var next = 0
+
+    init(run: JobRun, children: [Int]) {
+        self.run = run
+        self.children = children
+        placeholders = children.indices.map { k in
+            Deferred(canceller: forwardingCanceller(to: self) { $0.cancelChild(k, $1) })
+        }
+        for (k, child) in children.enumerated() { run.deferreds[child] = placeholders[k] }
+        startChunk()
+    }
+
+    private func cancelChild(_ k: Int, _ placeholder: Deferred) {
+        if let child = started[k] {
+            child.cancel()
+        } else if k >= next {
+            run.deferreds[children[k]] = nil
+            run.endUnstarted(children[k], as: .cancelled)
+        }
+        if !placeholder.isCalled { _ = try? placeholder.takeError(Failure.cancellation()) }
+    }
+
+    private func startChunk() {
+        let end = min(children.count, next + StaggeredStart.chunk)
+        while next < end {
+            let k = next
+            next += 1
+            let placeholder = placeholders[k]
+            if placeholder.isCalled { continue }  // cancelled before it started
+            run.deferreds[children[k]] = nil
+            let child = run.start(children[k])
+            started[k] = child
+            child.both { [self] result in
+                self.started[k] = nil
+                if !placeholder.isCalled {
+                    if let failure = result as? Failure {
+                        _ = try? placeholder.takeError(failure)
+                    } else {
+                        _ = try? placeholder.takeResult(result)
+                    }
+                }
+                return result
+            }
+        }
+        guard next < children.count else { return }
+        // Holds itself until every copy has started, even once the map has settled (`cancel_remaining: false`).
+        // The run is looked at through a weak reference: a job deleted meanwhile is gone (and stopped first).
+        run.engine.queue.async { [weak owner = run, self] in
+            if let owner, !owner.stopping { self.startChunk() }
+        }
     }
 }
 
