@@ -1507,7 +1507,6 @@ components:
           description: more items fail the map with kind `too_many_items` before any copy starts; at most the server's `--max-nodes` (422 above it)
           type: integer
           minimum: 0
-          maximum: 10000000
           default: 1000
         tolerated_failures:
           description: fail with kind `too_many_failures` once more than this many copies failed (`0` is fail-fast); default no bound
