@@ -288,6 +288,20 @@ final class MapEngineTests: EngineTestCase {
         XCTAssertEqual(Set(nodes.keys), ["m", "m.0", "m.0.u", "m.0.e", "m.1", "m.1.u", "m.1.e"])
     }
 
+    func testAMapInsideATemplateMapsTheOuterItem() throws {
+        let engine = try makeEngine()
+        let job = try settled(engine, try submit(engine, #"""
+            {"graph": {"id": "outer", "type": "map", "items": [[1, 2], [3]],
+             "template": {"id": "inner", "type": "map", "items": {"$ref": "/item"},
+               "template": {"type": "fetch", "url": {"$concat": ["\#(u("/users/"))", {"$ref": "/item"}]},
+                            "select": "/body/name"}}}}
+            """#).id)
+        XCTAssertEqual(job.state, .succeeded, "\(String(describing: job.error))")
+        XCTAssertEqual(job.result, .array([.array(["user-1", "user-2"]), .array(["user-3"])]))
+        let ids = try engine.nodes(jobID: job.id, includeResults: false)?.map(\.id)
+        XCTAssertEqual(ids, ["outer", "outer.0", "outer.0.0", "outer.0.1", "outer.1", "outer.1.0"])
+    }
+
     func testCancellingReachesTheCopies() throws {
         let engine = try makeEngine()
         let job = try submit(engine, idsThenUsers(4, mapFields: #", "concurrency": 2"#, userQuery: #""delay_ms": "5000""#))
