@@ -314,6 +314,24 @@ final class MapEngineTests: EngineTestCase {
         for k in 0..<4 { XCTAssertEqual(nodes["users.\(k)"]?.state, .cancelled, "users.\(k)") }
     }
 
+    func testCopiesCancelledAsTheyAreStoredAreStoredCancelled() throws {
+        let engine = try makeEngine()
+        let items = (0..<2000).map(String.init).joined(separator: ",")
+        let job = try submit(engine, #"""
+            {"graph": {"id": "m", "type": "map", "items": [\#(items)], "max_items": 2000,
+             "template": {"type": "fetch", "url": "\#(u("/hang"))"}}}
+            """#)
+        _ = try engine.answer("cancel") { done in engine.cancel(id: job.id) { done($0) } }.get()
+        XCTAssertEqual(try settled(engine, job.id).state, .cancelled)
+        engine.shutdown(gracePeriodMs: 2000)
+        engines.removeAll()
+        // Read as stored, before any start could settle what was left over.
+        let store = try SQLiteJobStore(path: directory + "/jobs.sqlite")
+        defer { store.close() }
+        let stored = try store.nodes(jobID: job.id, includeResults: false)
+        XCTAssertTrue(stored.allSatisfy { $0.state.isSettled }, "\(stored.filter { !$0.state.isSettled }.count) nodes stored unsettled")
+    }
+
     func testARestartResumesTheCopiesWithoutFetchingSettledOnesAgain() throws {
         let body = idsThenUsers(6, mapFields: #", "concurrency": 1"#, userQuery: #""delay_ms": "150""#)
         var engine = try makeEngine()

@@ -880,7 +880,10 @@ final class StoreWriter: @unchecked Sendable {
         let insertNode = try db.prepare(SQL.insertNode)
         for node in expansion.nodes {
             insertNode.reset()
-            Rows.bind(node, jobID: expansion.jobID, to: insertNode)
+            // A copy changed (cancelled) before this commit: its change, written just before in this transaction,
+            // found no row to update, so the row goes in as it now is.
+            let latest = pending.nodes[NodeKey(jobID: expansion.jobID, position: node.position)] ?? node
+            Rows.bind(latest, jobID: expansion.jobID, to: insertNode)
             try insertNode.run()
         }
     }
