@@ -21,6 +21,10 @@ public enum ErrorKind: String, Sendable, CaseIterable {
     case invalidURL = "invalid_url"
     /// A paginated fetch's next URL is on another origin than its first, and `same_origin` is true (API.md §7.2).
     case crossOrigin = "cross_origin"
+    /// A map's items were more than its `max_items`, or than `--max-nodes` still allows (API.md §7.1).
+    case tooManyItems = "too_many_items"
+    /// More of a map's copies failed than its `tolerated_failures`.
+    case tooManyFailures = "too_many_failures"
 }
 
 /// A node's or job's failure, as clients see it:

@@ -1393,8 +1393,9 @@ components:
     Expression:
       description: |
         An expression (API.md §6.2), read in a fetch's `url`, `headers`
-        values, `query` values, `body` and anywhere inside `json`, and anywhere
-        inside a node's `recover`. Anywhere else (ids, types, flags, numbers,
+        values, `query` values, `body` and anywhere inside `json`, anywhere
+        inside a node's `recover`, and anywhere inside a map's `items`.
+        Anywhere else (ids, types, flags, numbers,
         header names, `name`, `deadline_ms`, a whole `headers` or `query`
         object, a node) it is refused with `422` at its JSON Pointer. An object
         with a `$ref`, `$concat` or `$literal` member and any other member (but
@@ -1405,10 +1406,11 @@ components:
 
         Checked at submit (`422`, `path` at the expression): the pointer is
         valid RFC 6901 and starts with `/input` or `/nodes/<id>` (`/item` and
-        `/index` are refused: they exist only inside a map template), and
+        `/index` only inside a map's `template`: they exist only there), and
         `<id>` names a node certain to have settled before the reading node
         starts: an earlier child of a `sequence` that contains the reading
-        node, or a descendant of such a child. A sibling in a `list`, the node
+        node, or a descendant of such a child. A sibling in a `list` or a map's
+        template, a node of a map's template read from outside it, the node
         itself, its descendants, the nodes that contain it, later nodes and
         unknown ids are refused, with a message that names the node read and
         why it may not have settled.
@@ -1440,13 +1442,16 @@ components:
       description: |
         `{"$ref": "/nodes/login/result/body/token"}`: the value at that JSON
         Pointer in the scope; an optional `default` (any JSON value) is used
-        when nothing is there.
+        when nothing is there. `/item` and `/index` (the innermost map copy's
+        item and its position) may be read only inside a map's `template`;
+        there `/nodes/<t>` for a template node with explicit id `t` names that
+        node in the same copy.
       type: object
       required: ["$ref"]
       patternProperties:
         "^[$]ref$":
           type: string
-          pattern: "^/(input|nodes/([^~/]|~[01])+)(/([^~]|~[01])*)*$"
+          pattern: "^/(input|item|index|nodes/([^~/]|~[01])+)(/([^~]|~[01])*)*$"
         "^default$": {}
       additionalProperties: false
 
@@ -1486,12 +1491,14 @@ components:
         - $ref: "#/components/schemas/FetchNode"
         - $ref: "#/components/schemas/ListNode"
         - $ref: "#/components/schemas/SequenceNode"
+        - $ref: "#/components/schemas/MapNode"
       discriminator:
         propertyName: type
         mapping:
           fetch: "#/components/schemas/FetchNode"
           list: "#/components/schemas/ListNode"
           sequence: "#/components/schemas/SequenceNode"
+          map: "#/components/schemas/MapNode"
 
     FetchNode:
       description: One HTTP request, made with libcurl. Its result is a `FetchResult`.
@@ -1816,6 +1823,81 @@ components:
           type: boolean
           default: false
 
+    MapNode:
+      description: |
+        A `list` over an array found at run time (API.md §7.1). When the map
+        starts it resolves `items` (not an array: kind `ref_type`); more than
+        `max_items` items, or copies that would take more nodes than
+        `--max-nodes` still allows for the job: kind `too_many_items`, and no
+        copy starts. Otherwise it copies `template` once per item and writes
+        every copy to the store in one transaction before any starts: copy
+        *i* of the template's root gets the id `<map id>.<i>`, a template node
+        with explicit id or path `t` below the root (`0`, `1.0`, …) gets
+        `<map id>.<i>.<t>`, and the copies count in `progress.total` (which
+        grows) and are listed in tree order below their map. From then on the map
+        settles as a `list` of its copies (result: the array in item order);
+        an empty array succeeds with `[]`. With `tolerated_failures`, once
+        more copies than that have failed the map fails with kind
+        `too_many_failures` and, under `cancel_remaining`, the copies still
+        running or pending are cancelled. After a restart the copies resume
+        like other nodes: settled ones keep their results.
+
+        Inside the template, `/item` and `/index` read the copy's item and
+        position, and `/nodes/<t>` for a template node with explicit id `t`
+        names that node in the same copy (the usual ordering rule applies
+        within the template). Refused at submit (422): template nodes read
+        from outside the template, an explicit id elsewhere in the job that
+        begins with `<map id>.`, and an explicit id inside a template made
+        only of digits and dots (it could be another template node's path).
+      type: object
+      additionalProperties: false
+      required: [type, items, template]
+      properties:
+        type:
+          const: map
+        id:
+          $ref: "#/components/schemas/NodeId"
+        timeout_ms:
+          $ref: "#/components/schemas/TimeoutMs"
+        recover:
+          $ref: "#/components/schemas/Recover"
+        select:
+          $ref: "#/components/schemas/Select"
+        items:
+          description: an array, or an expression (anywhere inside it) that resolves to one when the map starts
+          oneOf:
+            - type: array
+            - $ref: "#/components/schemas/Expression"
+        template:
+          $ref: "#/components/schemas/GraphNode"
+        max_items:
+          description: more items fail the map with kind `too_many_items` before any copy starts; at most the server's `--max-nodes` (422 above it)
+          type: integer
+          minimum: 0
+          default: 1000
+        tolerated_failures:
+          description: fail with kind `too_many_failures` once more than this many copies failed (`0` is fail-fast); default no bound
+          type: integer
+          minimum: 0
+          maximum: 1000000
+        fire_on_first_result:
+          type: boolean
+          default: false
+        fire_on_first_error:
+          type: boolean
+          default: false
+        consume_errors:
+          type: boolean
+          default: false
+        cancel_remaining:
+          type: boolean
+          default: true
+        concurrency:
+          description: at most this many copies running at once (default unlimited)
+          type: integer
+          minimum: 1
+          maximum: 1000000
+
     # ---------------------------------------------------------------- results
     FetchResult:
       description: |
@@ -2074,7 +2156,7 @@ components:
           type: [string, "null"]
         type:
           type: string
-          enum: [fetch, list, sequence]
+          enum: [fetch, list, sequence, map]
         state:
           $ref: "#/components/schemas/State"
         attempts:
@@ -2152,7 +2234,8 @@ components:
       description: |
         A node's or job's failure (API.md §1.3). `node` names the node that
         failed first; `status` is set for `http_status`; `errors` holds each
-        child's error in child order for `all_failed`.
+        child's error in child order for `all_failed`, and each failed copy's
+        error for `too_many_failures`.
       type: object
       additionalProperties: false
       required: [kind, message]
@@ -2170,7 +2253,11 @@ components:
             built from references (or a paginated fetch's next URL) is not an
             absolute http/https URL. `cross_origin`: a paginated fetch's next
             URL is on another origin than its first, and `same_origin` is true.
-          enum: [http_status, timeout, connect, dns, tls, too_large, too_many_redirects, resource_exhausted, invalid_json, cancelled, all_failed, interrupted, internal, ref_unresolved, ref_type, invalid_url, cross_origin]
+            `too_many_items`: a map's items were more than its `max_items`, or
+            its copies more nodes than `--max-nodes` still allows (no copy
+            started); `too_many_failures`: more of a map's copies failed than
+            its `tolerated_failures` (`errors` holds those copies' errors).
+          enum: [http_status, timeout, connect, dns, tls, too_large, too_many_redirects, resource_exhausted, invalid_json, cancelled, all_failed, interrupted, internal, ref_unresolved, ref_type, invalid_url, cross_origin, too_many_items, too_many_failures]
         message:
           type: string
         node:

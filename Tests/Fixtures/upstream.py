@@ -71,6 +71,10 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          number  ?page=K, {"items": […]}; K > N gives []
                          cross   like link, but next goes to the other loopback
                                  name (127.0.0.1 <-> localhost), same port
+  /users/{id}            200 {"id": id, "name": "user-<id>"} (id a number when
+                         it is digits); counts each hit in counter users/<id>;
+                         ?fail=A,B,… answers 500 for those ids; ?delay_ms=D
+                         sleeps D ms before answering
   GET /stats             {"counters":{key:n},"requests":total,"connections":
                          connections accepted (this request's own included),
                          "active":in flight,
@@ -378,6 +382,15 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"ids": list(range(1, n + 1)), "count": n})
         elif segments[1] == "pages" and arg in ("link", "url", "cursor", "number", "cross"):
             self.pages(arg, query)
+        elif segments[1] == "users" and arg and len(segments) == 3:
+            with STATS.lock:
+                STATS.counters["users/" + arg] = STATS.counters.get("users/" + arg, 0) + 1
+            if "delay_ms" in query and not self.wait(int(query["delay_ms"]) / 1000.0, path):
+                return
+            if arg in query.get("fail", "").split(","):
+                self.send_json(500, {"error": "user %s failed" % arg})
+                return
+            self.send_json(200, {"id": int(arg) if arg.isdigit() else arg, "name": "user-" + arg})
         elif path == "/headers":
             self.send_body(200, b'{"headers":true}', extra=[
                 ("Set-Cookie", "a=1"), ("X-Multi", "one"), ("Set-Cookie", "b=2"),

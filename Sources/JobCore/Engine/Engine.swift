@@ -183,7 +183,11 @@ public final class Engine: @unchecked Sendable {
     }
 
     func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) throws -> JobRun {
-        let spec = try JobSpec.parse(job.request, limits: configuration.limits.forStoredJobs)
+        var spec = try JobSpec.parse(job.request, limits: configuration.limits.forStoredJobs)
+        // The copies of the maps that had expanded come after the submitted nodes, as they were made.
+        if stored.count > spec.graph.nodes.count {
+            try MapExpansion.restore(store.mapExpansions(jobID: job.id), into: &spec.graph)
+        }
         guard spec.graph.nodes.count == stored.count else {
             throw EngineError.invalidStoredJob("the graph has \(spec.graph.nodes.count) nodes, the store \(stored.count)")
         }
@@ -436,13 +440,16 @@ public final class Engine: @unchecked Sendable {
         jobID: String, includeResults: Bool, _ completion: @escaping @Sendable (Result<[NodeRecord]?, Error>) -> Void
     ) {
         read(
-            jobID, live: { $0.nodeSnapshots(includeResults: includeResults) },
+            jobID, live: { run -> [NodeRecord]? in run.nodeSnapshots(includeResults: includeResults) },
             stored: {
                 guard try self.store.jobState(id: jobID) != nil else { return nil }
                 let stored = try self.store.nodes(jobID: jobID, includeResults: includeResults)
                 // Every job has its root node: none means it was deleted between the two reads.
                 return stored.isEmpty ? nil : stored
-            }, completion)
+            }) { result in
+                // On a read queue: a map's copies, stored after the submitted nodes, are put in tree order here.
+                completion(result.map { $0?.inTreeOrder() })
+            }
     }
 
     /// One node with its result, or which of job and node is missing.
@@ -764,6 +771,11 @@ public final class Engine: @unchecked Sendable {
             jobsByState[state, default: 0] += 1
             countedJobState[run.id] = state
         }
+    }
+
+    /// A map of a run in memory added `count` pending nodes.
+    func nodesAdded(_ count: Int) {
+        nodesByState[.pending, default: 0] += count
     }
 
     /// A node of a run in memory moved from `old` to `new`.

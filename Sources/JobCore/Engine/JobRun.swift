@@ -9,7 +9,8 @@ import Foundation
 /// here runs on the engine's queue.
 final class JobRun: @unchecked Sendable {
     unowned let engine: Engine
-    let graph: JobGraph
+    /// Grows when a map expands (its copies are appended).
+    var graph: JobGraph
     var record: JobRecord
     var nodes: [NodeRecord]
     /// The Deferred of each started node (or the stand-in of a child waiting for a list's concurrency slot).
@@ -96,6 +97,7 @@ final class JobRun: @unchecked Sendable {
             case .fetch(let request): inner = startFetch(i, resolvedRequests[i] ?? request)
             case .list(let options): inner = startList(i, options)
             case .sequence(let options): inner = startSequence(i, options)
+            case .map(let spec): inner = startMap(i, spec)
             }
         }
         deferreds[i] = inner
@@ -132,7 +134,7 @@ final class JobRun: @unchecked Sendable {
         }
     }
 
-    private func markRunning(_ i: Int) {
+    func markRunning(_ i: Int) {
         guard !stopping, nodes[i].state == .pending else { return }
         // A node running again after a restart keeps the time it first started.
         if nodes[i].startedAt == nil { nodes[i].startedAt = Timestamp.nowMs() }
@@ -259,7 +261,7 @@ final class JobRun: @unchecked Sendable {
         return (value as? JSONValue) ?? .null
     }
 
-    private func childError(_ value: Any?, child: Int) -> NodeError {
+    func childError(_ value: Any?, child: Int) -> NodeError {
         if let failure = value as? Failure { return JobRun.nodeError(failure, node: graph.nodes[child].id) }
         return NodeError(.internal, "child \(graph.nodes[child].id) did not fail", node: graph.nodes[child].id)
     }
@@ -407,7 +409,7 @@ extension NodeRecord {
 
 /// A canceller that hands the cancellation to `owner` while it lives; once it is gone there is nothing left to
 /// stop, and the Deferred just fails with the cancellation.
-private func forwardingCanceller<Owner: AnyObject>(
+func forwardingCanceller<Owner: AnyObject>(
     to owner: Owner, _ cancel: @escaping (Owner, Deferred) -> Void
 ) -> (Deferred) -> Void {
     { [weak owner] d in
@@ -420,7 +422,7 @@ private func forwardingCanceller<Owner: AnyObject>(
 }
 
 /// A list with `concurrency`: children wait behind stand-in Deferreds until a slot frees.
-private final class ListWindow {
+final class ListWindow {
     unowned let run: JobRun
     let children: [Int]
     let limit: Int

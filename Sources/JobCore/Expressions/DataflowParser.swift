@@ -45,7 +45,7 @@ struct DataflowParser {
     static let urlPlaceholder = "http://expression.invalid/"
     static let forbiddenMessage =
         "an expression cannot stand here: $ref, $concat and $literal are read only in a fetch's url, headers values, "
-        + "query values, body and json, and in recover"
+        + "query values, body and json, in recover, and in a map's items"
 
     let limits: GraphLimits
     /// The body to hand to `GraphValidator`.
@@ -58,6 +58,8 @@ struct DataflowParser {
 
     /// The node being read; set while its fields are parsed.
     private var reader = 0
+    /// True while the node being read is inside a map's template, where `/item` and `/index` may be read.
+    private var readerInTemplate = false
 
     init(limits: GraphLimits) {
         self.limits = limits
@@ -114,6 +116,8 @@ struct DataflowParser {
         /// Position of `children` among the members, and each walked child's (array position, entry).
         var childrenMember: Int?
         var children: [(position: Int, entry: Int)] = []
+        /// The one child is a map's `template`.
+        var childIsTemplate = false
     }
 
     private struct Frame {
@@ -123,6 +127,7 @@ struct DataflowParser {
         var depth: Int
         var parent: Int?
         var position: Int
+        var inTemplate = false
     }
 
     /// Walks the nodes in the validator's pre-order and rebuilds the ones that changed, children first.
@@ -136,11 +141,20 @@ struct DataflowParser {
             let index = entries.count
             if let parent = frame.parent { entries[parent].children.append((frame.position, index)) }
             reader = index
+            readerInTemplate = frame.inTemplate
             var entry = Entry(value: frame.value)
             if case .object(let members) = frame.value {
                 let result = node(members, pointer: frame.pointer, key: frame.key, index: index)
                 entry.members = result.members
-                if let children = result.children {
+                if let template = result.template {
+                    entry.childrenMember = template.member
+                    entry.childIsTemplate = true
+                    stack.append(
+                        Frame(
+                            value: template.value, pointer: frame.pointer + "/template",
+                            key: frame.key + [template.member], depth: frame.depth + 1, parent: index, position: 0,
+                            inTemplate: true))
+                } else if let children = result.children {
                     entry.childrenMember = children.member
                     // Only the nodes the validator will look at: it stops at the first past `maxNodes`.
                     let budget = max(0, limits.maxNodes - entries.count - stack.count)
@@ -150,7 +164,7 @@ struct DataflowParser {
                                 value: children.elements[position],
                                 pointer: frame.pointer + "/children/\(position)",
                                 key: frame.key + [children.member, position], depth: frame.depth + 1, parent: index,
-                                position: position))
+                                position: position, inTemplate: frame.inTemplate))
                     }
                 }
             }
@@ -169,7 +183,11 @@ struct DataflowParser {
                 continue
             }
             var members = entry.members ?? original
-            if childChanged, let member = entry.childrenMember,
+            if childChanged, entry.childIsTemplate, let child = entry.children.first,
+                let k = members.firstIndex(where: { $0.key == "template" })
+            {
+                members[k].value = finished[child.entry]
+            } else if childChanged, let member = entry.childrenMember,
                 let k = members.firstIndex(where: { $0.key == "children" }), case .array(var elements) = original[member].value
             {
                 for child in entry.children { elements[child.position] = finished[child.entry] }
@@ -184,11 +202,11 @@ struct DataflowParser {
 
     /// Reads one node's new fields; returns its members when any changed, and its children to walk.
     private mutating func node(_ members: [JSONMember], pointer base: String, key nodeKey: [Int], index: Int)
-        -> (members: [JSONMember]?, children: (member: Int, elements: [JSONValue])?)
+        -> (members: [JSONMember]?, children: (member: Int, elements: [JSONValue])?, template: (member: Int, value: JSONValue)?)
     {
         if DataflowParser.isExpression(members) {
             issue(base, "a node cannot be an expression", nodeKey)
-            return (nil, nil)
+            return (nil, nil, nil)
         }
         let type = members.first(where: { $0.key == "type" })?.value.stringValue
         let isFetch = type == "fetch"
@@ -197,6 +215,8 @@ struct DataflowParser {
         out.reserveCapacity(members.count)
         var changed = false
         var children: (member: Int, elements: [JSONValue])?
+        var template: (member: Int, value: JSONValue)?
+        let isMap = type == "map"
         var sawSelect = false
         var sawQuery = false
         var sawPaginate = false
@@ -295,6 +315,27 @@ struct DataflowParser {
                     }
                     if member.key == "json" { flow.json = template } else { flow.recover = template }
                 }
+            case "items" where isMap:
+                let (items, touched) = topTemplate(value, pointer, key)
+                if touched {
+                    changed = true
+                    if let constant = items.constant {
+                        out.append(JSONMember(member.key, constant))
+                    } else {
+                        // The validator sees an array; the items are known only when the map starts.
+                        flow.items = items
+                        out.append(JSONMember(member.key, .array([])))
+                    }
+                    continue
+                }
+            case "template" where isMap:
+                if case .object(let fields) = value {
+                    if DataflowParser.isExpression(fields) {
+                        issue(pointer, DataflowParser.forbiddenMessage, key)
+                    } else if template == nil {
+                        template = (position, value)
+                    }
+                }
             case "children":
                 if case .array(let elements) = value, type != "fetch" {
                     if children == nil { children = (position, elements) }
@@ -307,7 +348,7 @@ struct DataflowParser {
             out.append(member)
         }
         if flow != NodeDataflow() { dataflow[index] = flow }
-        return (changed ? out : nil, children)
+        return (changed ? out : nil, children, template)
     }
 
     /// The headers with expressions replaced for the validator; `nil` when none has one.
@@ -456,6 +497,8 @@ struct DataflowParser {
                 return nil
             }
             references.append(NodeReference(reader: reader, pointer: pointer, key: key, nodeID: path.tokens[1]))
+        case "item" where readerInTemplate, "index" where readerInTemplate:
+            break
         case "item", "index":
             issue(
                 pointer,

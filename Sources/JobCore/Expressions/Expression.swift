@@ -216,6 +216,8 @@ public struct NodeDataflow: Equatable, Sendable {
     public var select: JSONPointerPath?
     /// A fetch's `paginate` (API.md §7.2).
     public var paginate: PaginateSpec?
+    /// A map's `items` with a `$ref` in it (API.md §7.1).
+    public var items: ValueTemplate?
 
     public init() {}
 

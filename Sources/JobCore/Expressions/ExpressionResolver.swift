@@ -8,6 +8,8 @@ struct ExpressionScope {
     var input: JSONValue?
     var graph: JobGraph
     var nodes: [NodeRecord]
+    /// The map copy the reading node belongs to: its `/item`, `/index` and template ids (API.md §7.1).
+    var copy: MapCopy? = nil
 }
 
 /// Evaluates templates against a scope; every failure is a `NodeError` of kind `ref_unresolved`, `ref_type` or
@@ -36,8 +38,20 @@ enum ExpressionResolver {
                 return .failure(PointerMiss(tokenIndex: 0, reason: "the job has no input"))
             }
             return input.value(at: tokens[1...], fullTokens: tokens)
+        case "item":
+            guard let copy = scope.copy else {
+                return .failure(PointerMiss(tokenIndex: 0, reason: "this node is not inside a map template"))
+            }
+            return copy.item.value(at: tokens[1...], fullTokens: tokens)
+        case "index":
+            guard let copy = scope.copy else {
+                return .failure(PointerMiss(tokenIndex: 0, reason: "this node is not inside a map template"))
+            }
+            return JSONValue.int(copy.index).value(at: tokens[1...], fullTokens: tokens)
         case "nodes" where tokens.count >= 2:
-            guard let j = scope.graph.index(ofNodeID: tokens[1]), scope.nodes.indices.contains(j) else {
+            // Inside a copy, a template node's id names that node in the same copy.
+            let id = scope.copy?.copyID(of: tokens[1]) ?? tokens[1]
+            guard let j = scope.graph.index(ofNodeID: id), scope.nodes.indices.contains(j) else {
                 return .failure(PointerMiss(tokenIndex: 1, reason: "the job has no node \"\(tokens[1])\""))
             }
             let record = scope.nodes[j]

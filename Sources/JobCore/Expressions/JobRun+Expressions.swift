@@ -11,7 +11,7 @@ extension JobRun {
     func resolveExpressions(_ i: Int, recover: inout JSONValue?) -> NodeError? {
         guard let flow = graph.nodes[i].dataflow, flow.recover != nil || flow.buildsRequest else { return nil }
         // The scope borrows the run's records: nothing is copied, and nothing changes them while it lives.
-        let scope = ExpressionScope(input: record.input, graph: graph, nodes: nodes)
+        let scope = ExpressionScope(input: record.input, graph: graph, nodes: nodes, copy: graph.nodes[i].copy)
         if let template = flow.recover {
             switch ExpressionResolver.value(template, in: scope, place: "recover") {
             case .success(let value):

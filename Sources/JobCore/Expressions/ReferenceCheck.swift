@@ -71,6 +71,17 @@ struct ReferenceCheck {
         guard let x = graph.index(ofNodeID: id) else {
             return "\(subject), which is not a node of this job"
         }
+        // A template node exists only as its copies: only nodes of the same template (or copy) may read it.
+        var up = graph.nodes[x].parent
+        var climbed = 0
+        while let a = up, climbed <= graph.nodes.count {
+            if case .map = graph.nodes[a].kind, !contains(a, r), a != x {
+                return "\(subject), which is part of the template of the map \"\(graph.nodes[a].id)\": it exists only "
+                    + "as that map's copies, which only nodes of the same template can read"
+            }
+            up = graph.nodes[a].parent
+            climbed += 1
+        }
         if x == r {
             return "\(subject), which is this node itself: it has not settled while it runs (select applies a "
                 + "pointer to its own result)"
@@ -98,7 +109,7 @@ struct ReferenceCheck {
             if x < child { return nil }
             return "\(subject), which comes after node \"\(readerID)\" in the sequence \"\(lcaNode.id)\": it has not "
                 + "settled when \"\(readerID)\" starts"
-        case .list:
+        case .list, .map:
             return "\(subject), which runs alongside node \"\(readerID)\" in the list \"\(lcaNode.id)\": it may not "
                 + "have settled when \"\(readerID)\" starts (read it from a node after the list, inside a sequence)"
         case .fetch:

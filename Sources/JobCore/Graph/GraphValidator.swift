@@ -155,7 +155,7 @@ private struct FieldNames {
 
 /// What a member of an object is, once checked.
 private enum NodeType: String {
-    case fetch, list, sequence
+    case fetch, list, sequence, map
 }
 
 /// Walks a job body and builds the `JobSpec`, recording every problem in `issues`.
@@ -172,6 +172,10 @@ struct GraphValidator {
         "children", "fire_on_first_result", "fire_on_first_error", "consume_errors", "cancel_remaining", "concurrency",
     ]
     static let sequenceFields: Set<String> = ["children", "continue_on_error"]
+    static let mapFields: Set<String> = [
+        "items", "template", "max_items", "tolerated_failures", "fire_on_first_result", "fire_on_first_error",
+        "consume_errors", "cancel_remaining", "concurrency",
+    ]
     static let topLevelFields = ["graph", "name", "deadline_ms", "metadata"]
 
 
@@ -260,6 +264,10 @@ struct GraphValidator {
         /// The children's depth.
         var depth: Int
         var parentID: String
+        /// The one child is a map's `template` (at `/template`, not `/children/<k>`).
+        var isTemplate = false
+        /// The children are inside a map's template.
+        var inTemplate = false
     }
 
     /// Checks every node in pre-order with an explicit stack, building the pre-order array as it goes.
@@ -270,6 +278,9 @@ struct GraphValidator {
         var idOwners: [String: Int] = [:]
         var reportedTooDeep = false
         var root: JSONValue? = rootValue
+        // Explicit ids with where they stand, and the maps' ids: ids a map's copies take are refused (API.md §7.1).
+        var explicitIDs: [(id: String, spot: Spot)] = []
+        var mapIDs: Set<String> = []
 
         while true {
             if issues.isFull { return nil }
@@ -278,6 +289,7 @@ struct GraphValidator {
             let parent: Int?
             let depth: Int
             let defaultID: String
+            var inTemplate = false
             if let rootValue = root {
                 root = nil
                 (value, spot, parent, depth, defaultID) = (rootValue, rootSpot, nil, 1, "root")
@@ -290,10 +302,18 @@ struct GraphValidator {
                 let position = top.next
                 stack[stack.count - 1].next += 1
                 value = top.children[position]
-                spot = Spot(place: top.parent).member("children", at: top.childrenPosition).element(position)
+                inTemplate = top.inTemplate
+                if top.isTemplate {
+                    spot = Spot(place: top.parent).member("template", at: top.childrenPosition)
+                    // `#` never stands in an explicit id: a template node's default id cannot clash with one, and
+                    // marks it as a default when the template is taken out (MapSpec.swift).
+                    defaultID = top.parentID + "#t"
+                } else {
+                    spot = Spot(place: top.parent).member("children", at: top.childrenPosition).element(position)
+                    defaultID = top.parentID + ".\(position)"
+                }
                 parent = top.parent
                 depth = top.depth
-                defaultID = top.parentID + ".\(position)"
             }
             if depth > limits.maxDepth {
                 // Report the first node past the limit only, and never look inside any of them.
@@ -317,9 +337,20 @@ struct GraphValidator {
             var children: [JSONValue] = []
             var childrenPosition = 0
             var idSource = IDSource.defaultPath
+            var childIsTemplate = false
             checkNode(
                 value, at: here, into: &node, idSource: &idSource, children: &children,
-                childrenPosition: &childrenPosition)
+                childrenPosition: &childrenPosition, childIsTemplate: &childIsTemplate)
+            if case .explicit(let idSpot) = idSource {
+                explicitIDs.append((node.id, idSpot))
+                if inTemplate, node.id.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2E }) {
+                    issues.add(
+                        idSpot,
+                        "inside a map template an id made only of digits and dots could be the path id of another "
+                            + "node of the same copy; use a name")
+                }
+            }
+            if case .map = node.kind { mapIDs.insert(node.id) }
 
             if case .invalid = idSource {
                 // Its id is already reported; checking the default in its place could only add a false duplicate.
@@ -344,8 +375,24 @@ struct GraphValidator {
                 stack.append(
                     Cursor(
                         children: children, parent: index, childrenPosition: childrenPosition, depth: depth + 1,
-                        parentID: defaultID))
+                        parentID: defaultID, isTemplate: childIsTemplate, inTemplate: inTemplate || childIsTemplate))
             }
+        }
+        if !mapIDs.isEmpty {
+            for (id, idSpot) in explicitIDs {
+                // Ids are at most 64 characters: trying each prefix that ends before a dot stays linear.
+                var prefix = ""
+                for (k, part) in id.split(separator: ".", omittingEmptySubsequences: false).dropLast().enumerated() {
+                    prefix = k == 0 ? String(part) : prefix + "." + part
+                    if mapIDs.contains(prefix) {
+                        issues.add(
+                            idSpot,
+                            "ids that begin with \"\(prefix).\" are taken by the copies of the map \"\(prefix)\"")
+                        break
+                    }
+                }
+            }
+            if !issues.isEmpty { return nil }
         }
         // Places and nodes are numbered together, so with no issue `idOwners` is the graph's id index.
         return JobGraph(nodes: nodes, indexByID: idOwners)
@@ -354,7 +401,7 @@ struct GraphValidator {
     /// Checks one node's own fields; hands back its children (unchecked) for the walk.
     private mutating func checkNode(
         _ value: JSONValue, at here: Spot, into node: inout GraphNode, idSource: inout IDSource,
-        children: inout [JSONValue], childrenPosition: inout Int
+        children: inout [JSONValue], childrenPosition: inout Int, childIsTemplate: inout Bool
     ) {
         guard case .object(let members) = value else {
             issues.add(here, "must be an object (a node), not \(article(value.typeName))")
@@ -369,15 +416,16 @@ struct GraphValidator {
                 type = t
             } else {
                 let got = value.stringValue.map { "\"\($0)\"" } ?? article(value.typeName)
-                issues.add(here.member("type", at: position), "must be one of fetch, list, sequence, not \(got)")
+                issues.add(here.member("type", at: position), "must be one of fetch, list, sequence, map, not \(got)")
             }
         } else {
-            issues.add(here.missing("type"), "is required (fetch, list or sequence)")
+            issues.add(here.missing("type"), "is required (fetch, list, sequence or map)")
         }
 
         var fetch = FetchFields()
         var list = ListOptions()
         var sequence = SequenceOptions()
+        var map = MapSpec()
         var seen = FieldNames(capacity: members.count)
         var sawChildren = false
 
@@ -414,7 +462,7 @@ struct GraphValidator {
                 // that their problems are reported too.
                 let known =
                     GraphValidator.fetchFields.contains(member.key) || GraphValidator.listFields.contains(member.key)
-                    || GraphValidator.sequenceFields.contains(member.key)
+                    || GraphValidator.sequenceFields.contains(member.key) || GraphValidator.mapFields.contains(member.key)
                 if !known {
                     issues.add(spot, unknownFieldMessage(member.key, known: allNodeFields))
                 } else if member.key == "children", case .array(let elements) = value {
@@ -443,6 +491,35 @@ struct GraphValidator {
                 list.cancelRemaining = boolean(value, spot) ?? list.cancelRemaining
             case (.list, "concurrency"):
                 list.concurrency = integer(value, in: 1...Limits.maxConcurrency, spot)
+            case (.map, "items"):
+                sawChildren = true
+                if case .array = value {
+                    map.items = .value(value)
+                } else {
+                    issues.add(spot, "must be an array, or an expression that gives one ({\"$ref\": …})")
+                }
+            case (.map, "template"):
+                if case .object = value {
+                    children = [value]
+                    childrenPosition = position
+                    childIsTemplate = true
+                } else {
+                    issues.add(spot, "must be an object (a node), not \(article(value.typeName))")
+                }
+            case (.map, "max_items"):
+                map.maxItems = integer(value, in: 0...limits.maxNodes, spot) ?? map.maxItems
+            case (.map, "tolerated_failures"):
+                map.toleratedFailures = integer(value, in: 0...Limits.maxConcurrency, spot)
+            case (.map, "fire_on_first_result"):
+                map.options.fireOnFirstResult = boolean(value, spot) ?? map.options.fireOnFirstResult
+            case (.map, "fire_on_first_error"):
+                map.options.fireOnFirstError = boolean(value, spot) ?? map.options.fireOnFirstError
+            case (.map, "consume_errors"):
+                map.options.consumeErrors = boolean(value, spot) ?? map.options.consumeErrors
+            case (.map, "cancel_remaining"):
+                map.options.cancelRemaining = boolean(value, spot) ?? map.options.cancelRemaining
+            case (.map, "concurrency"):
+                map.options.concurrency = integer(value, in: 1...Limits.maxConcurrency, spot)
             case (.sequence, "continue_on_error"):
                 sequence.continueOnError = boolean(value, spot) ?? sequence.continueOnError
             case (.fetch, _) where GraphValidator.fetchFields.contains(member.key):
@@ -464,14 +541,19 @@ struct GraphValidator {
         case .sequence:
             if !sawChildren { issues.add(here.missing("children"), "is required") }
             node.kind = .sequence(sequence)
+        case .map:
+            if !sawChildren { issues.add(here.missing("items"), "is required") }
+            if !childIsTemplate && !seen.contains("template") { issues.add(here.missing("template"), "is required") }
+            node.kind = .map(map)
         case nil:
             break
         }
     }
 
     private var allNodeFields: [String] {
-        Array(GraphValidator.commonFields.union(GraphValidator.fetchFields).union(GraphValidator.listFields))
-            + Array(GraphValidator.sequenceFields)
+        Array(
+            GraphValidator.commonFields.union(GraphValidator.fetchFields).union(GraphValidator.listFields)
+                .union(GraphValidator.sequenceFields).union(GraphValidator.mapFields))
     }
 
     private func fieldsOf(_ type: NodeType) -> [String] {
@@ -479,6 +561,7 @@ struct GraphValidator {
         case .fetch: return Array(GraphValidator.fetchFields)
         case .list: return Array(GraphValidator.listFields)
         case .sequence: return Array(GraphValidator.sequenceFields)
+        case .map: return Array(GraphValidator.mapFields)
         }
     }
 

@@ -156,6 +156,8 @@ public struct GraphNode: Equatable, Sendable {
         case fetch(FetchRequest)
         case list(ListOptions)
         case sequence(SequenceOptions)
+        /// A `list` over copies of a template, made when the node starts (API.md §7.1).
+        indirect case map(MapSpec)
     }
 
     /// Position in the graph's pre-order (the root is 0).
@@ -176,6 +178,8 @@ public struct GraphNode: Equatable, Sendable {
     public var recover: JSONValue?
     /// What the node reads from earlier nodes and the job's input, and its `select` (API.md §6); `nil` for none.
     public var dataflow: NodeDataflow?
+    /// For a node of a map's copy: the copy it belongs to (its item, index and ids); `nil` elsewhere.
+    public var copy: MapCopy?
 
     /// A node; `children` are filled in as they are added.
     public init(
@@ -198,6 +202,7 @@ public struct GraphNode: Equatable, Sendable {
         case .fetch: return "fetch"
         case .list: return "list"
         case .sequence: return "sequence"
+        case .map: return "map"
         }
     }
 
@@ -210,27 +215,33 @@ public struct GraphNode: Equatable, Sendable {
 
 /// A job's tree of nodes, flattened in pre-order with the root first.
 public struct JobGraph: Equatable, Sendable {
-    /// The nodes in pre-order; `nodes[i].index == i`.
+    /// The nodes in pre-order; `nodes[i].index == i`. A map's copies, made at run time, follow the submitted
+    /// nodes, each copy in pre-order (`appendCopies`).
     public var nodes: [GraphNode] {
-        didSet {
-            indexByID = JobGraph.makeIndex(nodes)
-            subtreeEnds = JobGraph.subtreeEnds(nodes)
+        get { storage }
+        set {
+            storage = newValue
+            indexByID = JobGraph.makeIndex(storage)
+            subtreeEnds = JobGraph.subtreeEnds(storage)
         }
     }
+    private var storage: [GraphNode]
+    /// The copy roots of each map expanded so far, by the map's index.
+    public internal(set) var expansions: [Int: [Int]] = [:]
     private var indexByID: [String: Int]
     /// For each node, the index just past its subtree in pre-order.
     private var subtreeEnds: [Int]
 
     /// A graph of `nodes`, which must be in pre-order with the root first.
     public init(nodes: [GraphNode]) {
-        self.nodes = nodes
+        self.storage = nodes
         self.indexByID = JobGraph.makeIndex(nodes)
         self.subtreeEnds = JobGraph.subtreeEnds(nodes)
     }
 
     /// A graph whose id index the validator built as it went: each id to the first node that has it.
     init(nodes: [GraphNode], indexByID: [String: Int]) {
-        self.nodes = nodes
+        self.storage = nodes
         self.indexByID = indexByID
         self.subtreeEnds = JobGraph.subtreeEnds(nodes)
     }
@@ -255,6 +266,17 @@ public struct JobGraph: Equatable, Sendable {
 
     /// Graphs are equal when their nodes are; the id index is derived from them.
     public static func == (a: JobGraph, b: JobGraph) -> Bool { a.nodes == b.nodes }
+
+    /// Adds a map's copies after the nodes there are: `block` holds whole copies, each in pre-order, with indices
+    /// from `nodes.count` on. Costs the size of the block, not of the graph, so expanding stays linear.
+    mutating func appendCopies(_ block: [GraphNode], ofMap map: Int, roots: [Int]) {
+        let base = storage.count
+        storage.append(contentsOf: block)
+        indexByID.reserveCapacity(storage.count)
+        for node in block where indexByID[node.id] == nil { indexByID[node.id] = node.index }
+        for end in JobGraph.subtreeEnds(block) { subtreeEnds.append(base + end) }
+        expansions[map] = roots
+    }
 
     private static func makeIndex(_ nodes: [GraphNode]) -> [String: Int] {
         var index: [String: Int] = [:]
@@ -327,6 +349,7 @@ public struct JobSpec: Equatable, Sendable {
         spec.schedule = scheduling.options
         try spec.attachDataflow(dataflow)
         spec.notify = notify.target
+        spec.graph = spec.graph.extractingTemplates()
         return spec
     }
 }

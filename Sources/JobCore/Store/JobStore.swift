@@ -229,4 +229,29 @@ public protocol JobStore: AnyObject, Sendable {
 
     /// How many jobs wait in the store for their time.
     func scheduledJobCount() throws -> Int
+
+    /// Inserts a map's copies (new node rows) and its items in one transaction, after everything queued before;
+    /// `completion` runs on the store's thread, so it must be quick.
+    func expandMap(_ expansion: MapExpansionRecord, _ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void)
+
+    /// The job's stored map expansions, oldest first, without their nodes (those are read with the job's).
+    func mapExpansions(jobID: String) throws -> [MapExpansionRecord]
+}
+
+/// A `map` node's expansion as stored: the items it resolved and its copies, whose positions begin at
+/// `firstPosition` (API.md §7.1).
+public struct MapExpansionRecord: Sendable {
+    public var jobID: String
+    public var nodeID: String
+    public var firstPosition: Int
+    public var items: JSONValue
+    public var nodes: [NodeRecord]
+
+    public init(jobID: String, nodeID: String, firstPosition: Int, items: JSONValue, nodes: [NodeRecord]) {
+        self.jobID = jobID
+        self.nodeID = nodeID
+        self.firstPosition = firstPosition
+        self.items = items
+        self.nodes = nodes
+    }
 }

@@ -115,6 +115,32 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         if !queue.push(.barrier(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
     }
 
+    /// Inserts a map's copies and its items in one transaction, after everything queued before; `completion` runs
+    /// on the store's thread once that is committed, or with the error that kept it from being.
+    public func expandMap(_ expansion: MapExpansionRecord, _ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
+        let ticket = WriteTicket<Void>(onComplete: completion)
+        if !queue.push(.expand(expansion, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+    }
+
+    /// The expansions of a job's maps, in the order they were made (their copies' first position).
+    public func mapExpansions(jobID: String) throws -> [MapExpansionRecord] {
+        try readers.with { db in
+            let statement = try db.prepare(
+                "SELECT node_id, first_position, items FROM map_items WHERE job_id = ?1 ORDER BY first_position")
+            defer { statement.reset() }
+            statement.bind(1, jobID)
+            var out: [MapExpansionRecord] = []
+            while try statement.step() {
+                guard let nodeID = statement.string(0) else { throw StoreError(.corrupt, "map items without a node id") }
+                out.append(
+                    MapExpansionRecord(
+                        jobID: jobID, nodeID: nodeID, firstPosition: statement.int(1),
+                        items: try statement.json(2, maxDepth: Rows.maxJSONDepth) ?? .array([]), nodes: []))
+            }
+            return out
+        }
+    }
+
     /// Waits for the writer to commit everything queued before this call, through any number of retries.
     public func waitUntilCommitted() throws {
         let ticket = WriteTicket<Void>()
@@ -431,6 +457,8 @@ enum WriteOp {
     case barrier(WriteTicket<Void>)
     /// Answered once everything queued before it is committed, however many retries that takes.
     case committed(WriteTicket<Void>)
+    /// A map's copies and items, inserted in one transaction (API.md §7.1).
+    case expand(MapExpansionRecord, WriteTicket<Void>)
 
     var needsFullSync: Bool {
         if case .create = self { return true }
@@ -778,6 +806,7 @@ final class StoreWriter: @unchecked Sendable {
         case .create(_, let ticket): ticket.complete(.failure(error))
         case .delete(_, let ticket): ticket.complete(.failure(error))
         case .sweep(_, _, let ticket): ticket.complete(.failure(error))
+        case .expand(_, let ticket): ticket.complete(.failure(error))
         case .barrier(let ticket):
             // Nothing queued before it is left unwritten: the failure was another op's.
             if pending.isEmpty { answer(ticket) } else { ticket.complete(.failure(error)) }
@@ -799,6 +828,9 @@ final class StoreWriter: @unchecked Sendable {
             answers.append { ticket.complete(.success(count)) }
         case .barrier(let ticket):
             answers.append { [self] in answer(ticket) }
+        case .expand(let expansion, let ticket):
+            try insert(expansion)
+            answers.append { ticket.complete(.success(())) }
         case .changes, .committed:
             break
         }
@@ -832,6 +864,28 @@ final class StoreWriter: @unchecked Sendable {
             try insertNode.run()
         }
         return .created(job)
+    }
+
+    private func insert(_ expansion: MapExpansionRecord) throws {
+        let items = try db.prepare(
+            "INSERT INTO map_items (job_id, node_id, first_position, items) SELECT ?1, ?2, ?3, ?4 "
+                + "WHERE EXISTS (SELECT 1 FROM jobs WHERE id = ?1)")
+        items.bind(1, expansion.jobID)
+        items.bind(2, expansion.nodeID)
+        items.bind(3, expansion.firstPosition)
+        items.bind(4, json: expansion.items)
+        try items.run()
+        // The job was deleted meanwhile: its copies are not kept either.
+        guard db.changes > 0 else { return }
+        let insertNode = try db.prepare(SQL.insertNode)
+        for node in expansion.nodes {
+            insertNode.reset()
+            // A copy changed (cancelled) before this commit: its change, written just before in this transaction,
+            // found no row to update, so the row goes in as it now is.
+            let latest = pending.nodes[NodeKey(jobID: expansion.jobID, position: node.position)] ?? node
+            Rows.bind(latest, jobID: expansion.jobID, to: insertNode)
+            try insertNode.run()
+        }
     }
 
     private func write(_ pending: PendingChanges) throws {
@@ -883,6 +937,9 @@ final class StoreWriter: @unchecked Sendable {
         let bodies = try db.prepare("DELETE FROM bodies WHERE job_id = ?1")
         bodies.bind(1, id)
         try bodies.run()
+        let items = try db.prepare("DELETE FROM map_items WHERE job_id = ?1")
+        items.bind(1, id)
+        try items.run()
         return deleted
     }
 

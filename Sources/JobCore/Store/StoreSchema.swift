@@ -117,6 +117,17 @@ enum StoreSchema {
             DELETE FROM webhook_outbox WHERE job_id = OLD.id AND state <> 'pending';
         END;
         """,
+        // 6: map_items: the items each expanded `map` node resolved, and where its copies begin among the job's
+        // nodes, written in the transaction that inserts the copies; a restart expands the map again from them.
+        """
+        CREATE TABLE IF NOT EXISTS map_items (
+            job_id TEXT NOT NULL,
+            node_id TEXT NOT NULL,
+            first_position INTEGER NOT NULL,
+            items TEXT NOT NULL,
+            PRIMARY KEY (job_id, node_id)
+        ) WITHOUT ROWID;
+        """,
     ]
 
     /// The version a fully migrated database has.
