@@ -132,7 +132,8 @@ final class JobEventHub {
             tracks[run.id] = track
         }
         var nodes: [NodeRecord] = []
-        if let after = afterVersion {
+        // Versions only grow: after the job's current one nothing has changed, whatever is known of its nodes.
+        if let after = afterVersion, after <= run.record.version {
             let versions = tracks[run.id]?.nodeVersions ?? []
             let now = Timestamp.nowMs()
             for i in run.nodes.indices {
