@@ -1488,6 +1488,14 @@ components:
         url:
           description: the URL finally fetched (after redirects)
           type: string
+        http_version:
+          description: |
+            The protocol the final response came over: `1.1`, `2` when the
+            upstream agreed to HTTP/2 by ALPN over TLS (every https fetch
+            offers it), `1.0`, or `3`. Absent only when libcurl could not
+            tell.
+          type: string
+          enum: ["1.0", "1.1", "2", "3"]
 
     # ---------------------------------------------------------------- jobs
     State:

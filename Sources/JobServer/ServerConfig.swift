@@ -15,6 +15,8 @@ struct ServerConfig: Equatable {
     var maxConcurrentFetches = 256
     var maxPerHost = 16
     var denyCIDRs = ["169.254.0.0/16"]
+    /// Extra trusted roots for HTTPS fetches (PEM); certificates and host names are verified either way.
+    var caFile: String?
     /// Settled jobs older than this are deleted; 0 keeps them forever.
     var retentionMs: Int64 = 7 * 86_400_000
     var shutdownGraceMs = 10_000
@@ -95,6 +97,15 @@ enum CommandLineParser {
                 guard isValidCIDR(cidr) else { throw ConfigError(message: "--deny-cidr: \"\(cidr)\" is not a CIDR block") }
                 c.denyCIDRs.append(cidr)
             }
+        },
+        Option(flag: "--ca-file", help: "PEM certificates trusted as roots for https fetches, besides the system's") {
+            c, v, _ in
+            do {
+                try FetcherConfiguration.checkCAFile(v)
+            } catch {
+                throw ConfigError(message: "\(error)")
+            }
+            c.caFile = v
         },
         Option(flag: "--retention", help: "delete settled jobs older than this: 7d, 12h, 30m, 45s, 0 = never (default 7d)") {
             c, v, _ in
@@ -281,6 +292,7 @@ extension ServerConfig {
         c.maxPerHost = maxPerHost
         c.maxResponseBytes = maxResponseBytes
         c.denyCIDRs = denyCIDRs
+        c.caFile = caFile
         return c
     }
 

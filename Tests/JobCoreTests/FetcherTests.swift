@@ -92,7 +92,7 @@ final class FetcherTests: FetcherTestCase {
         XCTAssertGreaterThanOrEqual(response.elapsedMs, 0)
         XCTAssertLessThan(response.elapsedMs, 5000)
         let keys = response.json.objectValue?.map(\.key)
-        XCTAssertEqual(keys, ["status", "headers", "body", "body_encoding", "bytes", "elapsed_ms", "url"])
+        XCTAssertEqual(keys, ["status", "headers", "body", "body_encoding", "bytes", "elapsed_ms", "url", "http_version"])
         XCTAssertEqual(response.json["headers"]?["content-type"], "application/json")
         XCTAssertEqual(fetcher.inFlight, 0)
     }
