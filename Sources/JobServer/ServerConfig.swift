@@ -17,6 +17,8 @@ struct ServerConfig: Equatable {
     var denyCIDRs = ["169.254.0.0/16"]
     /// Extra trusted roots for HTTPS fetches (PEM); certificates and host names are verified either way.
     var caFile: String?
+    /// `--host-rate`: request starts per second per host.
+    var hostRates: [HostRate] = []
     /// Settled jobs older than this are deleted; 0 keeps them forever.
     var retentionMs: Int64 = 7 * 86_400_000
     var shutdownGraceMs = 10_000
@@ -106,6 +108,26 @@ enum CommandLineParser {
                 throw ConfigError(message: "\(error)")
             }
             c.caFile = v
+        },
+        Option(
+            flag: "--host-rate",
+            help: "at most N request starts per second to HOST over all jobs: HOST=N/s, * for each host; repeatable or comma-separated"
+        ) { c, v, first in
+            if first { c.hostRates = [] }
+            for part in v.split(separator: ",") {
+                let text = part.trimmingCharacters(in: .whitespaces)
+                guard !text.isEmpty else { continue }
+                let rate: HostRate
+                do {
+                    rate = try HostRate(parsing: text)
+                } catch {
+                    throw ConfigError(message: "--host-rate: \(error)")
+                }
+                guard !c.hostRates.contains(where: { $0.host == rate.host }) else {
+                    throw ConfigError(message: "--host-rate: \(rate.host) is given twice")
+                }
+                c.hostRates.append(rate)
+            }
         },
         Option(flag: "--retention", help: "delete settled jobs older than this: 7d, 12h, 30m, 45s, 0 = never (default 7d)") {
             c, v, _ in
@@ -282,6 +304,7 @@ extension ServerConfig {
         c.maxPerHost = maxPerHost
         c.retentionMs = retentionMs
         c.settledCacheBytes = settledCacheBytes
+        c.hostRates = hostRates
         return c
     }
 

@@ -21,6 +21,8 @@ public final class Engine: @unchecked Sendable {
     private var dirtyRuns: [ObjectIdentifier: JobRun] = [:]
     private var flushScheduled = false
     private var pumpScheduled = false
+    /// The due time of the earliest pump timer armed for `--host-rate`.
+    private var rateTimerDueNs: UInt64?
     private var fetchQueue: FetchQueue
     private var waiters: [String: [Waiter]] = [:]
     private var idGenerator = JobIDGenerator()
@@ -66,6 +68,7 @@ public final class Engine: @unchecked Sendable {
         self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
         self.scheduler = DispatchQueueScheduler(queue: queue)
         self.fetchQueue = FetchQueue(maxTotal: configuration.maxConcurrentFetches, maxPerHost: configuration.maxPerHost)
+        self.fetchQueue.rateLimiter = HostRateLimiter(configuration.hostRates)
     }
 
     // MARK: - Start and stop
@@ -438,6 +441,8 @@ public final class Engine: @unchecked Sendable {
             m.pendingFetches = self.fetchQueue.waiting
             m.fetchesInFlight = self.fetchQueue.inFlight
             m.jobLoadFailures = self.jobLoadFailures
+            m.transfer.rateLimitWaitMs = Int(self.fetchQueue.rateWaitNs / 1_000_000)
+            m.transfer.rateLimitedFetches = self.fetchQueue.rateLimitedStarts
             let snapshot = m
             self.onReadQueue { completion(snapshot) }
         }
@@ -614,6 +619,17 @@ public final class Engine: @unchecked Sendable {
         while let (ticket, host) = fetchQueue.next() {
             if let run = runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) { continue }
             fetchQueue.finished(host: host)  // no longer wanted: give the slot back
+        }
+        if let due = fetchQueue.rateDueNs { pumpAtRateDue(due) }
+    }
+
+    /// Pumps again when a fetch held back by `--host-rate` may start; one timer per distinct due time.
+    private func pumpAtRateDue(_ dueNs: UInt64) {
+        if let armed = rateTimerDueNs, armed <= dueNs { return }
+        rateTimerDueNs = dueNs
+        queue.asyncAfter(deadline: DispatchTime(uptimeNanoseconds: dueNs)) {
+            if self.rateTimerDueNs == dueNs { self.rateTimerDueNs = nil }
+            self.schedulePump()
         }
     }
 

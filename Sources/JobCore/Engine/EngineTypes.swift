@@ -14,6 +14,8 @@ public struct EngineConfiguration: Sendable {
     public var sweepIntervalMs = 60_000
     /// Settled jobs' answers kept in memory, in bytes (bodies, ids and a fixed overhead per entry); 0 keeps none.
     public var settledCacheBytes = 64 << 20
+    /// `--host-rate`: request starts per second per host, over all jobs, on top of `maxPerHost`.
+    public var hostRates: [HostRate] = []
 
     public init() {}
 }
@@ -64,6 +66,8 @@ public struct EngineMetrics: Sendable {
     public var fetchesInFlight = 0
     /// Stored jobs that could not be read or rebuilt at start, and were failed with kind `internal`.
     public var jobLoadFailures = 0
+    /// Coalescing, cache and rate-limit counters (API.md §9).
+    public var transfer = TransferMetrics()
 
     public init() {}
 }
