@@ -1364,6 +1364,19 @@ components:
             `too_many_redirects`.
           type: boolean
           default: true
+        coalesce:
+          description: |
+            Share an identical transfer in flight instead of making another
+            request (GET or HEAD without a body only; otherwise `422` at
+            `…/coalesce`). Identical means the same method, URL and header
+            fields in order, and the same `expect`, `accept_status`,
+            `max_bytes`, `follow_redirects`, `retries` and `retry_backoff_ms`;
+            a fetch joins, over all jobs, a transfer that is in flight when
+            its turn in the fetch queue comes. Each node gets its own result,
+            with `coalesced` saying whether it joined another's transfer.
+            Cancelling a sharer aborts the transfer only when no sharer is left.
+          type: boolean
+          default: false
 
     ListNode:
       description: |
@@ -1496,6 +1509,12 @@ components:
             tell.
           type: string
           enum: ["1.0", "1.1", "2", "3"]
+        coalesced:
+          description: |
+            Only for a fetch with `coalesce`: true when it shared a transfer
+            another fetch started (no request of its own), false when it made
+            the request.
+          type: boolean
 
     # ---------------------------------------------------------------- jobs
     State:

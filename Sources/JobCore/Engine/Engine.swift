@@ -21,6 +21,8 @@ public final class Engine: @unchecked Sendable {
     private var dirtyRuns: [ObjectIdentifier: JobRun] = [:]
     private var flushScheduled = false
     private var pumpScheduled = false
+    /// Coalesced transfers in flight (API.md §9); owned by `queue`.
+    let sharedTransfers = SharedTransfers()
     /// The due time of the earliest pump timer armed for `--host-rate`.
     private var rateTimerDueNs: UInt64?
     private var fetchQueue: FetchQueue
@@ -443,6 +445,7 @@ public final class Engine: @unchecked Sendable {
             m.jobLoadFailures = self.jobLoadFailures
             m.transfer.rateLimitWaitMs = Int(self.fetchQueue.rateWaitNs / 1_000_000)
             m.transfer.rateLimitedFetches = self.fetchQueue.rateLimitedStarts
+            m.transfer.coalescedFetches = self.sharedTransfers.coalescedCount
             let snapshot = m
             self.onReadQueue { completion(snapshot) }
         }

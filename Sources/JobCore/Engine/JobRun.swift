@@ -142,6 +142,7 @@ final class JobRun: @unchecked Sendable {
     private func startFetch(_ i: Int, _ request: FetchRequest) -> Deferred {
         let d = Deferred(canceller: { [unowned self] d in
             if let handle = self.transfers.removeValue(forKey: i) { handle.cancel() }
+            self.engine.sharedTransfers.leave(run: self, node: i)
             if !d.isCalled { _ = try? d.takeError(Failure.cancellation()) }
         })
         engine.enqueueFetch(run: self, node: i, host: FetchQueue.hostKey(of: request.url))
@@ -158,6 +159,10 @@ final class JobRun: @unchecked Sendable {
         markRunning(i)
         let prior = priorAttempts[i] ?? 0
         let engine = self.engine
+        if request.coalesce {
+            beginSharedTransfer(i, request, host: host)
+            return true
+        }
         transfers[i] = engine.fetcher.start(
             request,
             timeoutMs: nil,
@@ -181,7 +186,7 @@ final class JobRun: @unchecked Sendable {
         touch(i)
     }
 
-    private func fetchFinished(_ i: Int, _ outcome: FetchOutcome) {
+    func fetchFinished(_ i: Int, _ outcome: FetchOutcome) {
         transfers[i] = nil
         guard !stopping, let d = deferreds[i], !d.isCalled else { return }
         let nodeID = graph.nodes[i].id
@@ -365,6 +370,7 @@ final class JobRun: @unchecked Sendable {
         deadlineTimer = nil
         for handle in transfers.values { handle.cancel() }
         transfers.removeAll()
+        engine.sharedTransfers.leaveAll(run: self)
     }
 
     static func isCancellation(_ failure: Failure) -> Bool {

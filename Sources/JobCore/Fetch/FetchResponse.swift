@@ -23,6 +23,10 @@ public struct FetchResponse: Sendable {
     public var url: String
     /// The protocol the final response came over: `"1.0"`, `"1.1"`, `"2"` or `"3"`; `nil` when unknown.
     public var httpVersion: String?
+    /// For a fetch with `coalesce`: whether it shared a transfer another fetch started (API.md §9).
+    public var coalesced: Bool?
+    /// For a fetch with `cache: "use"`: `hit`, `revalidated` or `miss` (API.md §9).
+    public var cacheOutcome: String?
 
     /// Creates a response value.
     public init(
@@ -57,7 +61,9 @@ public struct FetchResponse: Sendable {
             JSONMember("bytes", .int(bytes)),
             JSONMember("elapsed_ms", .int(elapsedMs)),
             JSONMember("url", .string(url)),
-        ] + (httpVersion.map { [JSONMember("http_version", .string($0))] } ?? []))
+        ] + (httpVersion.map { [JSONMember("http_version", .string($0))] } ?? [])
+            + (coalesced.map { [JSONMember("coalesced", .bool($0))] } ?? [])
+            + (cacheOutcome.map { [JSONMember("cache", .string($0))] } ?? []))
     }
 
     /// The words for libcurl's `CURLINFO_HTTP_VERSION`.
