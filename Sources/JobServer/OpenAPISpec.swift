@@ -1377,6 +1377,23 @@ components:
             Cancelling a sharer aborts the transfer only when no sharer is left.
           type: boolean
           default: false
+        cache:
+          description: |
+            `use` (GET without a body only; otherwise `422` at `…/cache`): the
+            server's private RFC 9111 cache, kept in its store and bounded by
+            `--cache-bytes` (least recently used out first). A fresh stored
+            response (`Cache-Control: max-age`, or `Expires`, less its `Age`)
+            is used without a request, a transfer slot or a `--host-rate`
+            start; a stale one with `ETag` / `Last-Modified` is revalidated
+            with `If-None-Match` / `If-Modified-Since`, and a `304` reuses it.
+            `no-store` (request or response) is never stored, `no-cache`
+            always revalidates, `private` is stored, `Vary` is respected (one
+            response per URL: another value of a varying field replaces it),
+            `Vary: *` is not stored. No heuristic freshness. `off`: the cache
+            is neither read nor written.
+          type: string
+          enum: ["off", "use"]
+          default: "off"
 
     ListNode:
       description: |
@@ -1515,6 +1532,13 @@ components:
             another fetch started (no request of its own), false when it made
             the request.
           type: boolean
+        cache:
+          description: |
+            Only for a fetch with `cache: "use"`: `hit` (a fresh stored
+            response, no request), `revalidated` (a `304` confirmed the stored
+            response, which is the result) or `miss` (the upstream's answer).
+          type: string
+          enum: [hit, revalidated, miss]
 
     # ---------------------------------------------------------------- jobs
     State:

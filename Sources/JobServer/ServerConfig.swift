@@ -19,6 +19,8 @@ struct ServerConfig: Equatable {
     var caFile: String?
     /// `--host-rate`: request starts per second per host.
     var hostRates: [HostRate] = []
+    /// `--cache-bytes`: the HTTP cache's bound in the store (0: nothing is stored).
+    var cacheBytes = 64 << 20
     /// Settled jobs older than this are deleted; 0 keeps them forever.
     var retentionMs: Int64 = 7 * 86_400_000
     var shutdownGraceMs = 10_000
@@ -128,6 +130,10 @@ enum CommandLineParser {
                 }
                 c.hostRates.append(rate)
             }
+        },
+        Option(flag: "--cache-bytes", help: "HTTP cache of cache: \"use\" fetches, in the store (default 64MiB; 0 = none)") {
+            c, v, _ in
+            c.cacheBytes = v.trimmingCharacters(in: .whitespaces) == "0" ? 0 : try size(v, flag: "--cache-bytes")
         },
         Option(flag: "--retention", help: "delete settled jobs older than this: 7d, 12h, 30m, 45s, 0 = never (default 7d)") {
             c, v, _ in

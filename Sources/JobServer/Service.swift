@@ -39,6 +39,11 @@ final class Service: @unchecked Sendable {
         }
         engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
             renderSettled: Presentation.jobBytes)
+        do {
+            engine.httpCache = try HTTPCache(path: config.dbPath, capacityBytes: config.cacheBytes)
+        } catch {
+            throw StartupError(step: "open the HTTP cache in \(config.dbPath)", underlying: error)
+        }
         app = App(engine: engine, fetcher: fetcher, config: config, logger: logger)
         server = HTTPServer(configuration: app.makeServerConfiguration(), router: app.makeRouter())
     }

@@ -54,6 +54,7 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
   /cache/{key}           counts key like /count, 200 {"key":key,"count":n} with
                          ETag "\"{key}-v1\"" and Cache-Control from ?cc=V
                          (e.g. max-age=2, no-store); ?vary=H adds Vary: H;
+                         ?age=S adds Age: S; ?etag=0 leaves the ETag out;
                          ?size=N pads the body to N bytes; an If-None-Match
                          that matches answers 304 and counts key:304
   /rate/{key}            200 {"key":key}; records the arrival time (epoch
@@ -437,7 +438,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def cache(self, key, query):
         etag = '"%s-v1"' % key
-        extra = [("ETag", etag)]
+        extra = [("ETag", etag)] if query.get("etag") != "0" else []
+        if "age" in query:
+            extra.append(("Age", query["age"]))
         if "cc" in query:
             extra.append(("Cache-Control", query["cc"]))
         if "vary" in query:

@@ -23,6 +23,11 @@ public final class Engine: @unchecked Sendable {
     private var pumpScheduled = false
     /// Coalesced transfers in flight (API.md §9); owned by `queue`.
     let sharedTransfers = SharedTransfers()
+    /// The HTTP cache of `cache: "use"` fetches (API.md §9); set before `start()`, `nil`: such fetches go out as
+    /// if `cache` were `off`.
+    public var httpCache: HTTPCache?
+    /// The request a `cache: "use"` fetch node gave, by `job id/node`, while a conditional one stands in for it.
+    var cacheOriginals: [String: FetchRequest] = [:]
     /// The due time of the earliest pump timer armed for `--host-rate`.
     private var rateTimerDueNs: UInt64?
     private var fetchQueue: FetchQueue
@@ -446,6 +451,11 @@ public final class Engine: @unchecked Sendable {
             m.transfer.rateLimitWaitMs = Int(self.fetchQueue.rateWaitNs / 1_000_000)
             m.transfer.rateLimitedFetches = self.fetchQueue.rateLimitedStarts
             m.transfer.coalescedFetches = self.sharedTransfers.coalescedCount
+            if let cache = self.httpCache?.metrics {
+                m.transfer.cacheOutcomes = cache.cacheOutcomes
+                m.transfer.cacheBytes = cache.cacheBytes
+                m.transfer.cacheEntries = cache.cacheEntries
+            }
             let snapshot = m
             self.onReadQueue { completion(snapshot) }
         }

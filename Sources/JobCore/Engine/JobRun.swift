@@ -130,7 +130,7 @@ final class JobRun: @unchecked Sendable {
         }
     }
 
-    private func markRunning(_ i: Int) {
+    func markRunning(_ i: Int) {
         guard !stopping, nodes[i].state == .pending else { return }
         // A node running again after a restart keeps the time it first started.
         if nodes[i].startedAt == nil { nodes[i].startedAt = Timestamp.nowMs() }
@@ -145,6 +145,10 @@ final class JobRun: @unchecked Sendable {
             self.engine.sharedTransfers.leave(run: self, node: i)
             if !d.isCalled { _ = try? d.takeError(Failure.cancellation()) }
         })
+        if request.cache == .use, let cache = engine.httpCache {
+            lookUpCache(i, request, cache)
+            return d
+        }
         engine.enqueueFetch(run: self, node: i, host: FetchQueue.hostKey(of: request.url))
         return d
     }
@@ -159,6 +163,10 @@ final class JobRun: @unchecked Sendable {
         markRunning(i)
         let prior = priorAttempts[i] ?? 0
         let engine = self.engine
+        if request.cache == .use, let cache = engine.httpCache {
+            beginCachedTransfer(i, request, host: host, cache: cache)
+            return true
+        }
         if request.coalesce {
             beginSharedTransfer(i, request, host: host)
             return true

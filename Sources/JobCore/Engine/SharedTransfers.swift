@@ -42,6 +42,8 @@ final class SharedTransfers {
         var node: Int
         /// It joined a transfer another fetch started.
         var joined: Bool
+        /// Takes the outcome instead of the node (the cache does, to store it first).
+        var deliver: ((FetchOutcome) -> Void)?
     }
 
     private final class Flight {
@@ -64,20 +66,20 @@ final class SharedTransfers {
     /// through `releaseSlot`), or starts one with `start`, which gets the completion to call on the engine's
     /// queue once the transfer ends.
     func begin(
-        _ request: FetchRequest, run: JobRun, node: Int, releaseSlot: () -> Void,
-        start: (@escaping (FetchOutcome) -> Void) -> FetchHandle
+        _ request: FetchRequest, run: JobRun, node: Int, deliver: ((FetchOutcome) -> Void)? = nil,
+        releaseSlot: () -> Void, start: (@escaping (FetchOutcome) -> Void) -> FetchHandle
     ) {
         let key = Key(request)
         let member = Member(run: ObjectIdentifier(run), node: node)
         if let flight = flights[key] {
-            flight.sharers.append(Sharer(run: run, node: node, joined: true))
+            flight.sharers.append(Sharer(run: run, node: node, joined: true, deliver: deliver))
             members[member] = flight
             coalescedCount += 1
             releaseSlot()
             return
         }
         let flight = Flight(key: key)
-        flight.sharers.append(Sharer(run: run, node: node, joined: false))
+        flight.sharers.append(Sharer(run: run, node: node, joined: false, deliver: deliver))
         flights[key] = flight
         members[member] = flight
         flight.handle = start { [weak self] outcome in self?.finish(flight, outcome) }
@@ -107,7 +109,8 @@ final class SharedTransfers {
         for sharer in sharers {
             guard let run = sharer.run else { continue }
             members[Member(run: ObjectIdentifier(run), node: sharer.node)] = nil
-            run.fetchFinished(sharer.node, outcome.markedCoalesced(sharer.joined))
+            let shared = outcome.markedCoalesced(sharer.joined)
+            if let deliver = sharer.deliver { deliver(shared) } else { run.fetchFinished(sharer.node, shared) }
         }
     }
 }
