@@ -566,7 +566,12 @@ final class FetchLoop: @unchecked Sendable {
         check(ccurl_easy_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 1))
         check(ccurl_easy_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 2))
         if let roots {
-            check(ccurl_easy_setopt_blob_nocopy(easy, CURLOPT_CAINFO_BLOB, roots.pem.baseAddress, roots.pem.count))
+            if let pem = roots.pem {
+                check(ccurl_easy_setopt_blob_nocopy(easy, CURLOPT_CAINFO_BLOB, pem.baseAddress, pem.count))
+            } else {
+                check(ccurl_easy_setopt_str(easy, CURLOPT_CAINFO, roots.caFile))
+                if let directory = roots.systemDirectory { check(ccurl_easy_setopt_str(easy, CURLOPT_CAPATH, directory)) }
+            }
         }
         check(ccurl_easy_setopt_long(easy, CURLOPT_NETRC, Int(CURL_NETRC_IGNORED.rawValue)))
         check(ccurl_easy_setopt_str(easy, CURLOPT_PROXY, configuration.proxy ?? ""))

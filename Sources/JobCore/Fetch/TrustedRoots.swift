@@ -1,31 +1,46 @@
 import CCurl
 import Foundation
 
-/// The roots a TLS peer is verified against: the system's bundle plus the certificates of `--ca-file`.
+/// The roots a TLS peer is verified against: the system's plus the certificates of `--ca-file`.
 ///
-/// libcurl's `CURLOPT_CAINFO` would replace the system bundle, while `--ca-file` adds to it (API.md §9): the two
-/// are joined once, at start, into one PEM blob that every transfer points at.
+/// libcurl's `CURLOPT_CAINFO` alone would replace the system's roots, while `--ca-file` adds to them (API.md §9).
+/// Where libcurl has a CA directory (`capath`, `/etc/ssl/certs` on Debian), the file goes in `CAINFO` and the
+/// directory stays in `CAPATH`: OpenSSL looks certificates up in the directory by hash, and libcurl caches the
+/// store it builds from the file across connections. Without a directory, the system bundle and the file are
+/// joined once into one PEM blob that every transfer points at — correct, but parsed at each new connection.
 final class TrustedRoots {
-    /// The PEM bytes, alive as long as the fetcher that hands them to libcurl without a copy.
-    let pem: UnsafeMutableRawBufferPointer
+    /// The `--ca-file` path.
+    let caFile: String
+    /// libcurl's CA directory, kept beside `caFile`.
+    let systemDirectory: String?
+    /// The system bundle and `caFile` joined, when there is no directory; alive as long as the fetcher that hands
+    /// it to libcurl without a copy.
+    let pem: UnsafeMutableRawBufferPointer?
 
-    /// Reads `caFile` and the system bundle libcurl was built with.
+    /// Reads `caFile` and finds the system's roots libcurl was built with.
     /// - Throws: `FetcherError` when `caFile` cannot be read or holds no PEM certificate.
     init(caFile: String) throws {
         let extra = try TrustedRoots.certificates(in: caFile)
+        self.caFile = caFile
+        let info = ccurl_version_info()
+        if let directory = info?.pointee.capath {
+            systemDirectory = String(cString: directory)
+            pem = nil
+            return
+        }
+        systemDirectory = nil
         var bytes: [UInt8] = []
-        if let info = ccurl_version_info(), let path = info.pointee.cainfo,
-            let system = FileManager.default.contents(atPath: String(cString: path))
-        {
+        if let path = info?.pointee.cainfo, let system = FileManager.default.contents(atPath: String(cString: path)) {
             bytes.append(contentsOf: system)
             bytes.append(10)
         }
         bytes.append(contentsOf: extra)
-        pem = .allocate(byteCount: bytes.count, alignment: 1)
-        pem.copyBytes(from: bytes)
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: bytes.count, alignment: 1)
+        buffer.copyBytes(from: bytes)
+        pem = buffer
     }
 
-    deinit { pem.deallocate() }
+    deinit { pem?.deallocate() }
 
     /// The bytes of a PEM file that holds at least one certificate.
     /// - Throws: `FetcherError` naming the file and what is wrong with it.
