@@ -5,8 +5,12 @@
 #     against `curl --parallel --parallel-max 64 --cacert` over the same URLs. Target: <= 1.25x curl.
 #  2. 1,000 identical GETs in one job (a list of 1,000 fetches of one slow URL) through jobserver,
 #     with "coalesce": true and without: requests the upstream saw, and wall time from submit to settled.
+#  3. 10,000 distinct cache:"use" responses of about 1 KB with --cache-bytes 1MiB: the largest
+#     jobserver_cache_bytes seen while they are stored (sampled every 50 ms), and what is left.
+#  4. --host-rate 127.0.0.1=20/s, 200 fetches across 10 jobs: the most arrivals upstream in any 1 s, and
+#     the wall time (about 10 s).
 # Each side runs RUNS times (default 5): median and min–max. N, CONCURRENCY, RUNS, DELAY_MS (the slow URL's
-# delay, default 50) and CONFIG (release, or debug for a quick check) may be set.
+# delay, default 50), CACHE_N, RATE_N and CONFIG (release, or debug for a quick check) may be set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -15,6 +19,8 @@ CONCURRENCY=${CONCURRENCY:-64}
 RUNS=${RUNS:-5}
 DELAY_MS=${DELAY_MS:-50}
 CONFIG=${CONFIG:-release}
+CACHE_N=${CACHE_N:-10000}
+RATE_N=${RATE_N:-200}
 
 for tool in curl jq python3 openssl; do
   command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
@@ -76,7 +82,7 @@ port=$(start_fixture)
 upstream="http://127.0.0.1:$port"
 server_port=$(free_port)
 "$bin/jobserver" serve --host 127.0.0.1 --port "$server_port" --db "$tmp/db/jobs.sqlite" --log-level error \
-  --max-nodes $((N + 10)) 2>"$tmp/server.log" &
+  --max-nodes $(( (N > CACHE_N ? N : CACHE_N) + 10 )) --cache-bytes 1MiB 2>"$tmp/server.log" &
 pids+=("$!")
 base="http://127.0.0.1:$server_port"
 wait_for "$base/healthz"
@@ -110,6 +116,57 @@ for run in $(seq 1 "$RUNS"); do
        "uncoalesced ${plain_times[-1]} ms / ${plain_requests[-1]} requests" >&2
 done
 
+# ------------------------------------------------------------------ 3. cache bound
+metric() { curl -sS "$base/metrics" | awk -v n="$1" '$1 == n { print $2 }'; }
+python3 - "$CACHE_N" "$upstream" >"$tmp/cache.json" <<'PY'
+import json, sys
+n, up = int(sys.argv[1]), sys.argv[2]
+kids = [{"type": "fetch", "url": f"{up}/cache/d{i}?cc=max-age=600&size=1000", "cache": "use"} for i in range(n)]
+print(json.dumps({"graph": {"type": "list", "children": kids}}))
+PY
+start=$(date +%s%N)
+cache_id=$(curl -sS -H 'Content-Type: application/json' --data-binary @"$tmp/cache.json" "$base/v1/jobs" | jq -r .id)
+max_bytes=0
+for _ in $(seq 1 6000); do
+  bytes=$(metric jobserver_cache_bytes)
+  [ "${bytes%.*}" -gt "$max_bytes" ] && max_bytes=${bytes%.*}
+  state=$(curl -sS "$base/v1/jobs/$cache_id" | jq -r .state)
+  [ "$state" = running ] || [ "$state" = pending ] || break
+  sleep 0.05
+done
+cache_ms=$(ms_since "$start")
+[ "$state" = succeeded ] || { echo "the cache job ended $state" >&2; exit 1; }
+cache_entries=$(metric jobserver_cache_entries)
+cache_final=$(metric jobserver_cache_bytes)
+echo "cache: $CACHE_N responses in $cache_ms ms, at most $max_bytes bytes, $cache_entries entries left" >&2
+
+# ------------------------------------------------------------------ 4. host rate
+rate_port=$(free_port)
+"$bin/jobserver" serve --host 127.0.0.1 --port "$rate_port" --db "$tmp/db2/jobs.sqlite" --log-level error \
+  --host-rate 127.0.0.1=20/s 2>>"$tmp/server.log" &
+pids+=("$!")
+wait_for "http://127.0.0.1:$rate_port/healthz"
+curl -sS -X POST "$upstream/stats/reset" >/dev/null
+per_job=$(( (RATE_N + 9) / 10 ))
+start=$(date +%s%N)
+rate_ids=()
+for j in $(seq 0 9); do
+  body=$(python3 -c "import json,sys; print(json.dumps({'graph': {'type': 'list', 'children': [{'type': 'fetch', 'url': '$upstream/rate/j$j-%d' % k} for k in range($per_job)]}}))")
+  rate_ids+=("$(curl -sS -H 'Content-Type: application/json' -d "$body" "http://127.0.0.1:$rate_port/v1/jobs" | jq -r .id)")
+done
+for id in "${rate_ids[@]}"; do
+  for _ in $(seq 1 20); do
+    [ "$(curl -sS "http://127.0.0.1:$rate_port/v1/jobs/$id?wait=10" | jq -r .state)" = succeeded ] && break
+  done
+done
+rate_ms=$(ms_since "$start")
+rate_max=$(curl -sS "$upstream/stats" | python3 -c '
+import json, sys
+a = sorted(t for v in json.load(sys.stdin)["arrivals"].values() for t in v)
+print(max((sum(1 for u in a[i:] if u < t + 1.0) for i, t in enumerate(a)), default=0), len(a))')
+read -r rate_window rate_seen <<<"$rate_max"
+echo "rate: $rate_seen fetches in $rate_ms ms, at most $rate_window in any 1 s" >&2
+
 cat <<MD
 ## Transfer layer: HTTPS fan-out and coalescing
 
@@ -132,4 +189,12 @@ jobserver ($CONFIG, default \`--max-per-host 16\`), from submit to settled:
 |---|---|---|---|
 | \`"coalesce": true\` | $(printf '%s\n' "${co_requests[@]}" | median), $(printf '%s\n' "${co_requests[@]}" | range) | $(printf '%s\n' "${co_times[@]}" | median) | $(printf '%s\n' "${co_times[@]}" | range) |
 | without | $(printf '%s\n' "${plain_requests[@]}" | median), $(printf '%s\n' "${plain_requests[@]}" | range) | $(printf '%s\n' "${plain_times[@]}" | median) | $(printf '%s\n' "${plain_times[@]}" | range) |
+
+**The cache's bound**: one job of $CACHE_N \`cache: "use"\` fetches of distinct ~1 KB responses
+(\`max-age=600\`) with \`--cache-bytes 1MiB\` (1048576): the largest \`jobserver_cache_bytes\` seen,
+sampled every 50 ms while they were stored, was **$max_bytes**; $cache_entries responses
+($cache_final bytes) were left, the least recently used evicted. The job took $cache_ms ms.
+
+**\`--host-rate 127.0.0.1=20/s\`**: $rate_seen fetches across 10 jobs took $rate_ms ms; the upstream saw
+at most **$rate_window** requests in any 1 s.
 MD

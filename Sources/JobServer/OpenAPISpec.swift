@@ -726,7 +726,12 @@ paths:
         `jobserver_store_degraded` (1 while writes fail and are retried),
         `jobserver_store_write_failures_total`, `jobserver_store_pending_changes`
         (records waiting for the store) and `jobserver_store_dropped_changes_total`
-        (changes given up for a reason other than a resource: a bug).
+        (changes given up for a reason other than a resource: a bug). The
+        transfer layer: `jobserver_rate_limit_wait_seconds_total` and
+        `jobserver_rate_limited_fetches_total` (`--host-rate`),
+        `jobserver_coalesced_fetches_total`, `jobserver_cache_lookups_total`
+        by `outcome` (`hit`, `revalidated`, `miss`), `jobserver_cache_bytes`
+        and `jobserver_cache_entries`.
       responses:
         "200":
           description: the metrics

@@ -38,6 +38,8 @@ public final class HTTPCache: @unchecked Sendable {
         self.capacityBytes = max(0, capacityBytes)
         self.now = now
         try connection.execute("PRAGMA journal_mode = WAL")
+        // The cache holds copies: a crash may lose its last writes, so they need no fsync each.
+        try connection.execute("PRAGMA synchronous = NORMAL")
         let totals = try connection.prepare("SELECT COALESCE(SUM(size), 0), COUNT(*), COALESCE(MAX(last_used), 0) FROM http_cache")
         defer { totals.reset() }
         if try totals.step() {
@@ -190,6 +192,12 @@ public final class HTTPCache: @unchecked Sendable {
     private func store(_ request: FetchRequest, _ entry: Entry) {
         let headersJSON = JSONValue.array(entry.headers.map { .array([.string($0.name), .string($0.value)]) })
         let size = entry.body.count + headersJSON.bytes.count + entry.url.utf8.count + 64
+        // One transaction for the old row, the evictions and the new row.
+        guard (try? connection.execute("BEGIN IMMEDIATE")) != nil else { return }
+        defer {
+            if connection.inTransaction, (try? connection.execute("COMMIT")) == nil { try? connection.execute("ROLLBACK") }
+            publishSize()
+        }
         remove(request)
         guard size <= capacityBytes else { return }
         do {
@@ -218,7 +226,6 @@ public final class HTTPCache: @unchecked Sendable {
         } catch {
             // Not stored: the next fetch is a miss, nothing worse.
         }
-        publishSize()
     }
 
     /// Deletes least recently used responses until `size` more bytes fit.
