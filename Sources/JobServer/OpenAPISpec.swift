@@ -1394,8 +1394,10 @@ components:
             `no-store` (request or response) is never stored, `no-cache`
             always revalidates, `private` is stored, `Vary` is respected (one
             response per URL: another value of a varying field replaces it),
-            `Vary: *` is not stored. No heuristic freshness. `off`: the cache
-            is neither read nor written.
+            `Vary: *` is not stored. No heuristic freshness. Responses are kept
+            apart by the request's `Authorization` and `Cookie` values, so one
+            client's response never answers another's request. `off`: the
+            cache is neither read nor written.
           type: string
           enum: ["off", "use"]
           default: "off"

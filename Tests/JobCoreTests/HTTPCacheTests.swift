@@ -86,6 +86,16 @@ final class HTTPCacheEngineTests: EngineTestCase {
         XCTAssertEqual(try requests("vary"), 2)
     }
 
+    func testResponsesAreKeptApartByCredentials() throws {
+        let engine = try cachedEngine()
+        let path = "/cache/creds?cc=max-age=60"
+        XCTAssertEqual(try fetch(engine, path, headers: #"{"Authorization":"Bearer a"}"#)?["cache"], "miss")
+        XCTAssertEqual(try fetch(engine, path, headers: #"{"Authorization":"Bearer b"}"#)?["cache"], "miss")
+        XCTAssertEqual(try fetch(engine, path, headers: #"{"Authorization":"Bearer a"}"#)?["cache"], "hit")
+        XCTAssertEqual(try fetch(engine, path)?["cache"], "miss")
+        XCTAssertEqual(try requests("creds"), 3)
+    }
+
     func testTheCacheNeverGrowsPastItsBoundAndDropsTheLeastRecentlyUsed() throws {
         let engine = try cachedEngine(capacityBytes: 8 * 1024)
         for k in 0..<40 {

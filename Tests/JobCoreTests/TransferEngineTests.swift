@@ -64,10 +64,10 @@ final class TransferEngineTests: EngineTestCase {
     }
 
     func testRateWaitCountsInTheNodesTimeout() throws {
-        let engine = try makeEngine { $0.hostRates = [HostRate(host: "*", perSecond: 1)] }
+        let engine = try makeEngine { $0.hostRates = [HostRate(host: "*", perSecond: 0.2)] }
         let first = try submitJob(engine, #"{"type":"fetch","url":\#(u("/json"))}"#)
         XCTAssertEqual(try settledJob(engine, first.id).state, .succeeded)
-        // The next start to this host is about a second away: a 100 ms timeout passes while it waits.
+        // The next start to this host is about 5 s away: a 100 ms timeout passes while it waits.
         let second = try submitJob(engine, #"{"type":"fetch","url":\#(u("/json")),"timeout_ms":100}"#)
         let job = try settledJob(engine, second.id)
         XCTAssertEqual(job.state, .failed)

@@ -86,7 +86,15 @@ public final class HTTPCache: @unchecked Sendable {
         var body: [UInt8]
     }
 
-    private static func key(_ request: FetchRequest) -> String { "GET " + request.url }
+    /// `GET <url>`, plus the request's `Authorization` and `Cookie` values: jobs of different clients share this
+    /// cache, so a response fetched with one set of credentials is never handed to a request with others.
+    static func key(_ request: FetchRequest) -> String {
+        var key = "GET " + request.url
+        for name in ["authorization", "cookie"] {
+            if let value = HTTPCachePolicy.field(name, request.headers) { key += "\n\(name): \(value)" }
+        }
+        return key
+    }
 
     private func load(_ request: FetchRequest) -> Entry? {
         do {
