@@ -18,6 +18,19 @@ extension JobRun {
 
     private func cacheKey(_ i: Int) -> String { "\(id)/\(i)" }
 
+    /// Fetch node `i` (every node when `nil`) no longer wants its answer: it leaves a shared transfer (aborted if
+    /// it was the last sharer) and drops the request a conditional one stood in for.
+    func leaveTransferLayer(_ i: Int? = nil) {
+        if let i {
+            engine.sharedTransfers.leave(run: self, node: i)
+            engine.cacheOriginals[cacheKey(i)] = nil
+        } else {
+            engine.sharedTransfers.leaveAll(run: self)
+            let prefix = "\(id)/"
+            for key in engine.cacheOriginals.keys where key.hasPrefix(prefix) { engine.cacheOriginals[key] = nil }
+        }
+    }
+
     /// A `cache: "use"` fetch looks in the cache before it queues: a fresh response settles it without a request
     /// (and without a transfer slot or a `--host-rate` token); a stale one with validators queues a conditional
     /// request in its place; otherwise it queues as it is.

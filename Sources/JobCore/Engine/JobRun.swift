@@ -142,7 +142,7 @@ final class JobRun: @unchecked Sendable {
     private func startFetch(_ i: Int, _ request: FetchRequest) -> Deferred {
         let d = Deferred(canceller: { [unowned self] d in
             if let handle = self.transfers.removeValue(forKey: i) { handle.cancel() }
-            self.engine.sharedTransfers.leave(run: self, node: i)
+            self.leaveTransferLayer(i)
             if !d.isCalled { _ = try? d.takeError(Failure.cancellation()) }
         })
         if request.cache == .use, let cache = engine.httpCache {
@@ -378,7 +378,7 @@ final class JobRun: @unchecked Sendable {
         deadlineTimer = nil
         for handle in transfers.values { handle.cancel() }
         transfers.removeAll()
-        engine.sharedTransfers.leaveAll(run: self)
+        leaveTransferLayer()
     }
 
     static func isCancellation(_ failure: Failure) -> Bool {
