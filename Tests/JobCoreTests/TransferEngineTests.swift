@@ -178,3 +178,37 @@ final class TransferValidationTests: XCTestCase {
         }
     }
 }
+
+/// The token buckets of `--host-rate`, on an injected clock.
+final class HostRateLimiterTests: XCTestCase {
+    func testStartsToALimitedHostAreSpacedAndOtherHostsAreFree() throws {
+        var limiter = HostRateLimiter([try HostRate(parsing: "api.local=10/s")])
+        let t0: UInt64 = 5_000_000_000
+        XCTAssertNil(limiter.take(hostKey: "http://api.local:80", nowNs: t0))
+        let due = try XCTUnwrap(limiter.take(hostKey: "https://api.local", nowNs: t0 + 1), "every scheme and port share the host's bucket")
+        XCTAssertEqual(due, t0 + 105_000_000, "1/10 s plus the 5 % margin")
+        XCTAssertNotNil(limiter.take(hostKey: "http://api.local:80", nowNs: due - 1))
+        XCTAssertNil(limiter.take(hostKey: "http://api.local:80", nowNs: due))
+        XCTAssertNil(limiter.take(hostKey: "http://other.local", nowNs: t0))
+        XCTAssertNil(limiter.take(hostKey: "http://other.local", nowNs: t0))
+    }
+
+    func testWildcardLimitsEveryHostSeparatelyAndANamedHostWins() throws {
+        var limiter = HostRateLimiter([try HostRate(parsing: "*=1/s"), try HostRate(parsing: "fast.local=1000/s")])
+        XCTAssertNil(limiter.take(hostKey: "http://a.local", nowNs: 0))
+        XCTAssertNil(limiter.take(hostKey: "http://b.local", nowNs: 0))
+        XCTAssertNotNil(limiter.take(hostKey: "http://a.local", nowNs: 500_000_000))
+        XCTAssertNil(limiter.take(hostKey: "http://fast.local", nowNs: 0))
+        XCTAssertNil(limiter.take(hostKey: "http://fast.local", nowNs: 1_100_000))
+        XCTAssertNil(limiter.take(hostKey: "http://[::1]:8080", nowNs: 0))
+        XCTAssertEqual(HostRateLimiter.hostName(of: "http://[::1]:8080"), "::1")
+    }
+
+    func testBadRatesAreRefusedWithTheReason() {
+        for text in ["api.local", "api.local=20", "api.local=0/s", "api.local=-1/s", "=5/s", "a/b=5/s", "x=abc/s"] {
+            XCTAssertThrowsError(try HostRate(parsing: text), text)
+        }
+        XCTAssertEqual(try HostRate(parsing: "[::1]=2.5/s").host, "::1")
+        XCTAssertEqual(try HostRate(parsing: "API.Local=20/s").host, "api.local")
+    }
+}

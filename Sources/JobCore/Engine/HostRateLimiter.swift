@@ -35,7 +35,7 @@ public struct HostRate: Equatable, Sendable, CustomStringConvertible {
     public var description: String { "\(host)=\(perSecond)/s" }
 }
 
-/// Token buckets of one token per host: consecutive starts to a host are spaced `1/N` s apart (plus 2 %), so no
+/// Token buckets of one token per host: consecutive starts to a host are spaced `1/N` s apart (plus 5 %), so no
 /// second holds more than `N` of them. The margin keeps the jitter between a start and its arrival upstream
 /// (thread wake-ups, a connection being opened) from putting `N + 1` arrivals into one second. Owned by the engine's
 /// queue, with `FetchQueue`.
@@ -60,7 +60,7 @@ struct HostRateLimiter {
         let host = HostRateLimiter.hostName(of: hostKey)
         guard let perSecond = rates[host] ?? wildcard else { return nil }
         if let next = nextStartNs[host], next > nowNs { return next }
-        nextStartNs[host] = nowNs + UInt64(1e9 / perSecond * 1.02)
+        nextStartNs[host] = nowNs + UInt64(1e9 / perSecond * 1.05)
         return nil
     }
 
