@@ -5,8 +5,8 @@ set -euo pipefail
 want=(libcurl4-openssl-dev libsqlite3-dev pkg-config curl)
 case "${1:-build}" in
   build) ;;
-  test) want+=(jq sqlite3 python3 python3-venv) ;;
-  bench) want+=(jq sqlite3 nginx-light wrk) ;;
+  test) want+=(jq sqlite3 python3 python3-venv openssl) ;;
+  bench) want+=(jq sqlite3 nginx-light wrk openssl python3) ;;
   *) echo "usage: $0 build|test|bench" >&2; exit 2 ;;
 esac
 missing=()
