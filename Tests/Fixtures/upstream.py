@@ -55,6 +55,7 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          ETag "\"{key}-v1\"" and Cache-Control from ?cc=V
                          (e.g. max-age=2, no-store); ?vary=H adds Vary: H;
                          ?age=S adds Age: S; ?etag=0 leaves the ETag out;
+                         ?delay_ms=D sleeps D ms before answering;
                          ?size=N pads the body to N bytes; an If-None-Match
                          that matches answers 304 and counts key:304
   /rate/{key}            200 {"key":key}; records the arrival time (epoch
@@ -445,6 +446,8 @@ class Handler(BaseHTTPRequestHandler):
             extra.append(("Cache-Control", query["cc"]))
         if "vary" in query:
             extra.append(("Vary", query["vary"]))
+        if "delay_ms" in query and not self.wait(int(query["delay_ms"]) / 1000.0, self.path):
+            return
         with STATS.lock:
             n = STATS.counters.get(key, 0) + 1
             STATS.counters[key] = n

@@ -109,6 +109,41 @@ final class HTTPCacheEngineTests: EngineTestCase {
         XCTAssertEqual(try fetch(engine, "/cache/lru0?cc=max-age=60&size=600")?["cache"], "miss")
     }
 
+    func testStoredResponsesSurviveARestart() throws {
+        let first = try cachedEngine()
+        XCTAssertEqual(try fetch(first, "/cache/kept?cc=max-age=600")?["cache"], "miss")
+        first.shutdown(gracePeriodMs: 2000)
+        engines.removeAll()
+        let second = try cachedEngine()
+        XCTAssertEqual(try second.metricsNow.transfer.cacheEntries, 1)
+        XCTAssertEqual(try fetch(second, "/cache/kept?cc=max-age=600")?["cache"], "hit")
+        XCTAssertEqual(try requests("kept"), 1)
+    }
+
+    func testCoalescedCachedFetchesShareOneRequestAndEachIsAMiss() throws {
+        let engine = try cachedEngine()
+        var ids: [String] = []
+        for _ in 0..<3 {
+            let json = try JSONValue.parse(
+                #"{"graph":{"type":"fetch","url":\#(u("/cache/both?cc=max-age=600&delay_ms=600")),"cache":"use","coalesce":true}}"#)
+            guard case .created(let job) = try engine.submit(try JobSpec.parse(json), request: json, idempotencyKey: nil) else {
+                throw UpstreamError("not created")
+            }
+            ids.append(job.id)
+        }
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline, try ids.contains(where: { try engine.job(id: $0)?.state.isSettled != true }) { usleep(20_000) }
+        for id in ids {
+            let job = try XCTUnwrap(engine.job(id: id))
+            XCTAssertEqual(job.state, .succeeded)
+            XCTAssertEqual(job.result?["body"]?["count"], 1)
+        }
+        XCTAssertEqual(try requests("both"), 1)
+        XCTAssertEqual(try engine.metricsNow.transfer.coalescedFetches, 2)
+        XCTAssertEqual(try engine.metricsNow.transfer.cacheOutcomes["miss"], 3)
+        XCTAssertEqual(try fetch(engine, "/cache/both?cc=max-age=600&delay_ms=600")?["cache"], "hit")
+    }
+
     func testCacheOffNeverLooks() throws {
         let engine = try cachedEngine()
         for _ in 0..<2 {
