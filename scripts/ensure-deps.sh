@@ -6,9 +6,9 @@ want=(libcurl4-openssl-dev libsqlite3-dev libpq-dev pkg-config curl)
 case "${1:-build}" in
   build) ;;
   # chromium and chromium-driver: the dashboard's browser test (Tests/Integration/ui.test.sh); bsdutils: script, for
-  # cli.test.sh; postgresql: the throwaway cluster of scripts/pg-cluster.sh.
-  test) want+=(jq sqlite3 python3 python3-venv chromium chromium-driver bsdutils postgresql) ;;
-  bench) want+=(jq sqlite3 nginx-light wrk) ;;
+  # cli.test.sh; postgresql: the throwaway cluster of scripts/pg-cluster.sh; openssl: the TLS fixture's CA.
+  test) want+=(jq sqlite3 python3 python3-venv chromium chromium-driver bsdutils postgresql openssl) ;;
+  bench) want+=(jq sqlite3 nginx-light wrk openssl python3) ;;
   *) echo "usage: $0 build|test|bench" >&2; exit 2 ;;
 esac
 missing=()

@@ -68,6 +68,7 @@ struct MetricsSnapshot {
     var latencySumMs: Double = 0
     var latencyCount = 0
     var httpRequests: [HTTPRequestCounter.Key: Int] = [:]
+    var transfer = TransferMetrics()
 
     init() {}
 
@@ -81,6 +82,7 @@ struct MetricsSnapshot {
         longPollsWaiting = engine.longPollsWaiting
         scheduledJobs = engine.scheduledJobs
         waitingForKey = engine.waitingForKey
+        transfer = engine.transfer
         fetchOutcomes = fetcher.outcomes
         latencyBucketsMs = FetcherStats.latencyBoundsMs.map(Double.init)
         latencyCounts = fetcher.latencyCounts
@@ -151,14 +153,15 @@ enum PrometheusText {
             let labels = [("route", key.route), ("method", key.method), ("status", String(key.status))]
             sample(&out, "jobserver_http_requests_total", labels, Double(m.httpRequests[key] ?? 0))
         }
+        renderTransfer(&out, m.transfer)
         return out
     }
 
-    private static func family(_ out: inout String, _ name: String, _ type: String, _ help: String) {
+    static func family(_ out: inout String, _ name: String, _ type: String, _ help: String) {
         out += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
     }
 
-    private static func sample(_ out: inout String, _ name: String, _ labels: [(String, String)], _ value: Double) {
+    static func sample(_ out: inout String, _ name: String, _ labels: [(String, String)], _ value: Double) {
         out += name
         if !labels.isEmpty {
             out += "{" + labels.map { "\($0.0)=\"\(escapeLabel($0.1))\"" }.joined(separator: ",") + "}"

@@ -876,6 +876,11 @@ paths:
         (changes given up for a reason other than a resource: a bug);
         `notify` webhook attempts by outcome:
         `jobserver_webhook_deliveries_total{outcome="delivered"|"retried"|"failed"}`.
+        The transfer layer: `jobserver_rate_limit_wait_seconds_total` and
+        `jobserver_rate_limited_fetches_total` (`--host-rate`),
+        `jobserver_coalesced_fetches_total`, `jobserver_cache_lookups_total`
+        by `outcome` (`hit`, `revalidated`, `miss`), `jobserver_cache_bytes`
+        and `jobserver_cache_entries`.
       responses:
         "200":
           description: the metrics
@@ -1649,6 +1654,38 @@ components:
           default: true
         paginate:
           $ref: "#/components/schemas/Paginate"
+        coalesce:
+          description: |
+            Share an identical transfer in flight instead of making another
+            request (GET or HEAD without a body only; otherwise `422` at
+            `…/coalesce`). Identical means the same method, URL and header
+            fields in order, and the same `expect`, `accept_status`,
+            `max_bytes`, `follow_redirects`, `retries` and `retry_backoff_ms`;
+            a fetch joins, over all jobs, a transfer that is in flight when
+            its turn in the fetch queue comes. Each node gets its own result,
+            with `coalesced` saying whether it joined another's transfer.
+            Cancelling a sharer aborts the transfer only when no sharer is left.
+          type: boolean
+          default: false
+        cache:
+          description: |
+            `use` (GET without a body only; otherwise `422` at `…/cache`): the
+            server's private RFC 9111 cache, kept in its store and bounded by
+            `--cache-bytes` (least recently used out first). A fresh stored
+            response (`Cache-Control: max-age`, or `Expires`, less its `Age`)
+            is used without a request, a transfer slot or a `--host-rate`
+            start; a stale one with `ETag` / `Last-Modified` is revalidated
+            with `If-None-Match` / `If-Modified-Since`, and a `304` reuses it.
+            `no-store` (request or response) is never stored, `no-cache`
+            always revalidates, `private` is stored, `Vary` is respected (one
+            response per URL: another value of a varying field replaces it),
+            `Vary: *` is not stored. No heuristic freshness. Responses are kept
+            apart by the request's `Authorization` and `Cookie` values, so one
+            client's response never answers another's request. `off`: the
+            cache is neither read nor written.
+          type: string
+          enum: ["off", "use"]
+          default: "off"
 
     Paginate:
       description: |
@@ -1937,6 +1974,27 @@ components:
         url:
           description: the URL finally fetched (after redirects)
           type: string
+        http_version:
+          description: |
+            The protocol the final response came over: `1.1`, `2` when the
+            upstream agreed to HTTP/2 by ALPN over TLS (every https fetch
+            offers it), `1.0`, or `3`. Absent only when libcurl could not
+            tell.
+          type: string
+          enum: ["1.0", "1.1", "2", "3"]
+        coalesced:
+          description: |
+            Only for a fetch with `coalesce`: true when it shared a transfer
+            another fetch started (no request of its own), false when it made
+            the request.
+          type: boolean
+        cache:
+          description: |
+            Only for a fetch with `cache: "use"`: `hit` (a fresh stored
+            response, no request), `revalidated` (a `304` confirmed the stored
+            response, which is the result) or `miss` (the upstream's answer).
+          type: string
+          enum: [hit, revalidated, miss]
 
     # ---------------------------------------------------------------- jobs
     State:

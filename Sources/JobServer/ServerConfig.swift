@@ -15,6 +15,12 @@ struct ServerConfig: Equatable {
     var maxConcurrentFetches = 256
     var maxPerHost = 16
     var denyCIDRs = ["169.254.0.0/16"]
+    /// Extra trusted roots for HTTPS fetches (PEM); certificates and host names are verified either way.
+    var caFile: String?
+    /// `--host-rate`: request starts per second per host.
+    var hostRates: [HostRate] = []
+    /// `--cache-bytes`: the HTTP cache's bound in the store (0: nothing is stored).
+    var cacheBytes = 64 << 20
     /// Settled jobs older than this are deleted; 0 keeps them forever.
     var retentionMs: Int64 = 7 * 86_400_000
     var shutdownGraceMs = 10_000
@@ -105,6 +111,39 @@ enum CommandLineParser {
                 guard isValidCIDR(cidr) else { throw ConfigError(message: "--deny-cidr: \"\(cidr)\" is not a CIDR block") }
                 c.denyCIDRs.append(cidr)
             }
+        },
+        Option(flag: "--ca-file", help: "PEM certificates trusted as roots for https fetches, besides the system's") {
+            c, v, _ in
+            do {
+                try FetcherConfiguration.checkCAFile(v)
+            } catch {
+                throw ConfigError(message: "\(error)")
+            }
+            c.caFile = v
+        },
+        Option(
+            flag: "--host-rate",
+            help: "at most N request starts per second to HOST over all jobs: HOST=N/s, * for each host; repeatable or comma-separated"
+        ) { c, v, first in
+            if first { c.hostRates = [] }
+            for part in v.split(separator: ",") {
+                let text = part.trimmingCharacters(in: .whitespaces)
+                guard !text.isEmpty else { continue }
+                let rate: HostRate
+                do {
+                    rate = try HostRate(parsing: text)
+                } catch {
+                    throw ConfigError(message: "--host-rate: \(error)")
+                }
+                guard !c.hostRates.contains(where: { $0.host == rate.host }) else {
+                    throw ConfigError(message: "--host-rate: \(rate.host) is given twice")
+                }
+                c.hostRates.append(rate)
+            }
+        },
+        Option(flag: "--cache-bytes", help: "HTTP cache of cache: \"use\" fetches, in the store (default 64MiB; 0 = none)") {
+            c, v, _ in
+            c.cacheBytes = v.trimmingCharacters(in: .whitespaces) == "0" ? 0 : try size(v, flag: "--cache-bytes")
         },
         Option(flag: "--retention", help: "delete settled jobs older than this: 7d, 12h, 30m, 45s, 0 = never (default 7d)") {
             c, v, _ in
@@ -291,6 +330,7 @@ extension ServerConfig {
         c.maxPerHost = maxPerHost
         c.retentionMs = retentionMs
         c.settledCacheBytes = settledCacheBytes
+        c.hostRates = hostRates
         return c
     }
 
@@ -308,6 +348,7 @@ extension ServerConfig {
         c.maxPerHost = maxPerHost
         c.maxResponseBytes = maxResponseBytes
         c.denyCIDRs = denyCIDRs
+        c.caFile = caFile
         return c
     }
 

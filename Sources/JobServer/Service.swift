@@ -46,6 +46,11 @@ final class Service: @unchecked Sendable {
             logger: logger, render: Presentation.webhookBytes, onChange: { engine.forgetSettledAnswer(jobID: $0) })
         let webhooks = self.webhooks
         engine.notifyStatus = { webhooks.status(jobID: $0) }
+        do {
+            engine.httpCache = try HTTPCache(path: config.dbPath, capacityBytes: config.cacheBytes)
+        } catch {
+            throw StartupError(step: "open the HTTP cache in \(config.dbPath)", underlying: error)
+        }
         app = App(engine: engine, fetcher: fetcher, config: config, logger: logger)
         app.webhooks = webhooks
         server = HTTPServer(configuration: app.makeServerConfiguration(), router: app.makeRouter())

@@ -2,8 +2,10 @@
 """Upstream HTTP fixture for the jobserver tests (Python 3 stdlib only).
 
 Usage: python3 Tests/Fixtures/upstream.py [--port 0] [--host 127.0.0.1] [--exit-on-stdin-eof]
+                                          [--tls-cert PEM --tls-key PEM]
 The first stdout line is `listening <port>`; it then serves until killed.
-HTTP/1.1 with keep-alive, one thread per connection.
+HTTP/1.1 with keep-alive, one thread per connection; HTTPS (ALPN http/1.1)
+with --tls-cert and --tls-key, the handshake made on the connection's thread.
 
 Endpoints (any method unless noted; HEAD answers like GET without a body):
   /json                  200 application/json {"ok":true}
@@ -75,6 +77,15 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          it is digits); counts each hit in counter users/<id>;
                          ?fail=A,B,… answers 500 for those ids; ?delay_ms=D
                          sleeps D ms before answering
+  /cache/{key}           counts key like /count, 200 {"key":key,"count":n} with
+                         ETag "\"{key}-v1\"" and Cache-Control from ?cc=V
+                         (e.g. max-age=2, no-store); ?vary=H adds Vary: H;
+                         ?age=S adds Age: S; ?etag=0 leaves the ETag out;
+                         ?delay_ms=D sleeps D ms before answering;
+                         ?size=N pads the body to N bytes; an If-None-Match
+                         that matches answers 304 and counts key:304
+  /rate/{key}            200 {"key":key}; records the arrival time (epoch
+                         seconds) in /stats arrivals[key]
   GET /stats             {"counters":{key:n},"requests":total,"connections":
                          connections accepted (this request's own included),
                          "active":in flight,
@@ -82,7 +93,8 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          "max_active_by_path_prefix":{"/delay":n,...},
                          "disconnects":[{"path":p,"at":epoch seconds}],
                          "spans":{key:[{"tag":T,"start":s,"end":s}]} in
-                         order of arrival, epoch seconds}
+                         order of arrival, epoch seconds,
+                         "arrivals":{key:[epoch seconds]}}
   POST /stats/reset      resets everything above; 200 {"reset":true}
 /stats and /stats/reset are not counted in requests/active.
 """
@@ -93,6 +105,7 @@ import json
 import os
 import select
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -124,6 +137,7 @@ class Stats:
         self.max_active_by_prefix = {}
         self.disconnects = []
         self.spans = {}
+        self.arrivals = {}
 
     def begin(self, prefix):
         with self.lock:
@@ -150,6 +164,7 @@ class Stats:
                 "max_active_by_path_prefix": dict(self.max_active_by_prefix),
                 "disconnects": list(self.disconnects),
                 "spans": {k: list(v) for k, v in self.spans.items()},
+                "arrivals": {k: list(v) for k, v in self.arrivals.items()},
             }
 
 
@@ -187,6 +202,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            # Here, not in accept(): one slow handshake must not hold up the others.
+            try:
+                self.connection.do_handshake()
+            except (ssl.SSLError, OSError):
+                self.close_connection = True
+                raise ConnectionResetError("TLS handshake failed")
         with STATS.lock:
             STATS.connections += 1
 
@@ -241,6 +263,15 @@ class Handler(BaseHTTPRequestHandler):
             readable, _, _ = select.select([self.connection], [], [], 0)
             if not readable:
                 return False
+            if isinstance(self.connection, ssl.SSLSocket):
+                # TLS cannot peek: a close_notify or an EOF reads as b"", a partial record wants more.
+                self.connection.setblocking(False)
+                try:
+                    return self.connection.recv(1) == b""
+                except ssl.SSLWantReadError:
+                    return False
+                finally:
+                    self.connection.setblocking(True)
             return self.connection.recv(1, socket.MSG_PEEK) == b""
         except OSError:
             return True
@@ -318,6 +349,12 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_json(200, {"delayed_ms": ms})
         elif segments[1] == "bytes" and arg.isdigit():
             self.send_bytes(int(arg), query.get("type", "application/octet-stream"), query.get("chunked") == "1")
+        elif segments[1] == "cache" and arg:
+            self.cache(arg, query)
+        elif segments[1] == "rate" and arg:
+            with STATS.lock:
+                STATS.arrivals.setdefault(arg, []).append(time.time())
+            self.send_json(200, {"key": arg})
         elif path == "/text":
             self.send_body(200, b"hello, world", "text/plain; charset=utf-8")
         elif path == "/invalid-json":
@@ -492,6 +529,36 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"data": {"items": items}, "next_cursor": "c%d" % (page + 1) if page < n else ""})
         else:
             self.send_json(200, {"items": items, "page": page})
+    def cache(self, key, query):
+        etag = '"%s-v1"' % key
+        extra = [("ETag", etag)] if query.get("etag") != "0" else []
+        if "age" in query:
+            extra.append(("Age", query["age"]))
+        if "cc" in query:
+            extra.append(("Cache-Control", query["cc"]))
+        if "vary" in query:
+            extra.append(("Vary", query["vary"]))
+        if "delay_ms" in query and not self.wait(int(query["delay_ms"]) / 1000.0, self.path):
+            return
+        with STATS.lock:
+            n = STATS.counters.get(key, 0) + 1
+            STATS.counters[key] = n
+            if self.headers.get("If-None-Match") == etag:
+                STATS.counters[key + ":304"] = STATS.counters.get(key + ":304", 0) + 1
+                hit = True
+            else:
+                hit = False
+        if hit:
+            self.send_response(304)
+            for name, value in extra:
+                self.send_header(name, value)
+            self.end_headers()
+            return
+        body = json.dumps({"key": key, "count": n}, separators=(",", ":"))
+        size = int(query.get("size", "0"))
+        if size > len(body) + 8:
+            body = json.dumps({"key": key, "count": n, "pad": "x" * (size - len(body) - 9)}, separators=(",", ":"))
+        self.send_body(200, body.encode(), extra=extra)
 
     def count(self, key, query, path):
         with STATS.lock:
@@ -529,6 +596,8 @@ def main():
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--exit-on-stdin-eof", action="store_true",
                         help="exit when stdin closes, so the fixture dies with the test process that launched it")
+    parser.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate chain")
+    parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     args = parser.parse_args()
     if args.exit_on_stdin_eof:
         def watch_stdin():
@@ -537,6 +606,11 @@ def main():
             os._exit(0)
         threading.Thread(target=watch_stdin, daemon=True).start()
     server = Server((args.host, args.port), Handler)
+    if args.tls_cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+        context.set_alpn_protocols(["http/1.1"])
+        server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
     sys.stdout.write("listening %d\n" % server.server_address[1])
     sys.stdout.flush()
     try:

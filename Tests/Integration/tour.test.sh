@@ -179,7 +179,7 @@ expect_jq_true '.result.headers["content-type"] | startswith("application/json")
 expect_jq_true '[.result.headers | keys[] | . == ascii_downcase] | all' "header keys are lowercase"
 expect_jq_true '.result.bytes > 0 and (.result.elapsed_ms | type == "number")' "bytes and elapsed_ms"
 expect_jq '.result.url' "$UPSTREAM/json"
-expect_jq '.result | keys | sort | join(",")' "body,body_encoding,bytes,elapsed_ms,headers,status,url"
+expect_jq '.result | keys | sort | join(",")' "body,body_encoding,bytes,elapsed_ms,headers,http_version,status,url"
 direct_json="$(curl -sS --max-time 5 "$UPSTREAM/json")"
 expect_jq '.result.body' "$(jq -c . <<<"$direct_json")"
 api GET "/v1/jobs/$tree/nodes/root.1.0"

@@ -94,7 +94,7 @@ final class FetcherTests: FetcherTestCase {
         XCTAssertGreaterThanOrEqual(response.elapsedMs, 0)
         XCTAssertLessThanOrEqual(Int64(response.elapsedMs), waited + 1, "elapsed_ms is in milliseconds")
         let keys = response.json.objectValue?.map(\.key)
-        XCTAssertEqual(keys, ["status", "headers", "body", "body_encoding", "bytes", "elapsed_ms", "url"])
+        XCTAssertEqual(keys, ["status", "headers", "body", "body_encoding", "bytes", "elapsed_ms", "url", "http_version"])
         XCTAssertEqual(response.json["headers"]?["content-type"], "application/json")
         XCTAssertEqual(fetcher.inFlight, 0)
     }

@@ -80,6 +80,26 @@ final class PrometheusTextTests: XCTestCase {
             # TYPE jobserver_http_requests_total counter
             jobserver_http_requests_total{route="/v1/jobs/{id}",method="GET",status="200"} 9
             jobserver_http_requests_total{route="unmatched",method="GET",status="404"} 1
+            # HELP jobserver_rate_limit_wait_seconds_total Time fetches spent ready to start but held back by --host-rate.
+            # TYPE jobserver_rate_limit_wait_seconds_total counter
+            jobserver_rate_limit_wait_seconds_total 0
+            # HELP jobserver_rate_limited_fetches_total Fetches held back by --host-rate before they started.
+            # TYPE jobserver_rate_limited_fetches_total counter
+            jobserver_rate_limited_fetches_total 0
+            # HELP jobserver_coalesced_fetches_total Fetches that shared an identical transfer in flight instead of making a request.
+            # TYPE jobserver_coalesced_fetches_total counter
+            jobserver_coalesced_fetches_total 0
+            # HELP jobserver_cache_lookups_total cache: use fetches by outcome.
+            # TYPE jobserver_cache_lookups_total counter
+            jobserver_cache_lookups_total{outcome="hit"} 0
+            jobserver_cache_lookups_total{outcome="revalidated"} 0
+            jobserver_cache_lookups_total{outcome="miss"} 0
+            # HELP jobserver_cache_bytes Bytes of responses the HTTP cache holds.
+            # TYPE jobserver_cache_bytes gauge
+            jobserver_cache_bytes 0
+            # HELP jobserver_cache_entries Responses the HTTP cache holds.
+            # TYPE jobserver_cache_entries gauge
+            jobserver_cache_entries 0
 
             """
         XCTAssertEqual(text, expected)

@@ -27,8 +27,11 @@ public final class Upstream: @unchecked Sendable {
     private let lock = NSLock()
     private var stopped = false
 
-    /// `http://127.0.0.1:PORT`.
-    public var baseURL: String { "http://127.0.0.1:\(port)" }
+    /// `http` or, for a fixture started with a certificate, `https`.
+    public private(set) var scheme = "http"
+
+    /// `http://127.0.0.1:PORT` (`https://` with a certificate).
+    public var baseURL: String { "\(scheme)://127.0.0.1:\(port)" }
 
     /// The absolute URL of `path` (which starts with `/`) on the fixture.
     public func url(_ path: String) -> String { baseURL + path }
@@ -42,10 +45,12 @@ public final class Upstream: @unchecked Sendable {
 
     /// Launches the fixture and waits (at most 10 s) for its `listening <port>` line.
     /// - Throws: `UpstreamError` if python3 cannot start or never reports its port.
-    public static func start() throws -> Upstream {
+    /// - Parameter certificate: serve HTTPS with this PEM certificate and key (`TLSMaterial`).
+    public static func start(certificate: (cert: String, key: String)? = nil) throws -> Upstream {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["python3", scriptPath, "--port", "0", "--exit-on-stdin-eof"]
+        if let certificate { process.arguments? += ["--tls-cert", certificate.cert, "--tls-key", certificate.key] }
         let stdinPipe = Pipe()
         let stdoutPipe = Pipe()
         process.standardInput = stdinPipe
@@ -80,7 +85,9 @@ public final class Upstream: @unchecked Sendable {
             process.terminate()
             throw UpstreamError("unexpected first line from the upstream fixture: \(text)")
         }
-        return Upstream(port: port, process: process, stdinPipe: stdinPipe, stdoutPipe: stdoutPipe)
+        let upstream = Upstream(port: port, process: process, stdinPipe: stdinPipe, stdoutPipe: stdoutPipe)
+        if certificate != nil { upstream.scheme = "https" }
+        return upstream
     }
 
     private init(port: Int, process: Process, stdinPipe: Pipe, stdoutPipe: Pipe) {

@@ -3,6 +3,7 @@
 // (bench/20-fetch.sh). Foundation-free, so process start-up stays as small as curl's.
 //
 // Usage: FetchBench <url-list-file> <max-concurrency>
+// FETCHBENCH_CA_FILE=PEM adds trusted roots, as --ca-file does (bench/70-transfer.sh).
 import JobCore
 
 #if canImport(Glibc)
@@ -49,6 +50,7 @@ var configuration = FetcherConfiguration()
 configuration.maxConcurrentFetches = concurrency
 configuration.maxPerHost = concurrency
 configuration.denyCIDRs = []
+if let caFile = getenv("FETCHBENCH_CA_FILE") { configuration.caFile = String(cString: caFile) }
 let fetcher: Fetcher
 do {
     fetcher = try Fetcher(configuration: configuration)

@@ -21,6 +21,15 @@ public final class Engine: @unchecked Sendable {
     private var dirtyRuns: [ObjectIdentifier: JobRun] = [:]
     private var flushScheduled = false
     private var pumpScheduled = false
+    /// Coalesced transfers in flight (API.md §9); owned by `queue`.
+    let sharedTransfers = SharedTransfers()
+    /// The HTTP cache of `cache: "use"` fetches (API.md §9); set before `start()`, `nil`: such fetches go out as
+    /// if `cache` were `off`.
+    public var httpCache: HTTPCache?
+    /// The request a `cache: "use"` fetch node gave, by `job id/node`, while a conditional one stands in for it.
+    var cacheOriginals: [String: FetchRequest] = [:]
+    /// The due time of the earliest pump timer armed for `--host-rate`.
+    private var rateTimerDueNs: UInt64?
     private var fetchQueue: FetchQueue
     var waiters: [String: [Waiter]] = [:]
     /// The event streams (`watchEvents`).
@@ -76,6 +85,7 @@ public final class Engine: @unchecked Sendable {
         self.scheduler = DispatchQueueScheduler(queue: queue)
         self.fetchQueue = FetchQueue(maxTotal: configuration.maxConcurrentFetches, maxPerHost: configuration.maxPerHost)
         timekeeper.engine = self
+        self.fetchQueue.rateLimiter = HostRateLimiter(configuration.hostRates)
     }
 
     // MARK: - Start and stop
@@ -484,6 +494,14 @@ public final class Engine: @unchecked Sendable {
             m.longPollsWaiting = self.waiters.values.reduce(0) { $0 + $1.count }
             m.scheduledJobs = self.timekeeper.scheduledJobs
             m.waitingForKey = self.gate.waitingCount
+            m.transfer.rateLimitWaitMs = Int(self.fetchQueue.rateWaitNs / 1_000_000)
+            m.transfer.rateLimitedFetches = self.fetchQueue.rateLimitedStarts
+            m.transfer.coalescedFetches = self.sharedTransfers.coalescedCount
+            if let cache = self.httpCache?.metrics {
+                m.transfer.cacheOutcomes = cache.cacheOutcomes
+                m.transfer.cacheBytes = cache.cacheBytes
+                m.transfer.cacheEntries = cache.cacheEntries
+            }
             let snapshot = m
             self.onReadQueue { completion(snapshot) }
         }
@@ -715,6 +733,17 @@ public final class Engine: @unchecked Sendable {
         while let (ticket, host) = fetchQueue.next() {
             if let run = runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) { continue }
             fetchQueue.finished(host: host)  // no longer wanted: give the slot back
+        }
+        if let due = fetchQueue.rateDueNs { pumpAtRateDue(due) }
+    }
+
+    /// Pumps again when a fetch held back by `--host-rate` may start; one timer per distinct due time.
+    private func pumpAtRateDue(_ dueNs: UInt64) {
+        if let armed = rateTimerDueNs, armed <= dueNs { return }
+        rateTimerDueNs = dueNs
+        queue.asyncAfter(deadline: DispatchTime(uptimeNanoseconds: dueNs)) {
+            if self.rateTimerDueNs == dueNs { self.rateTimerDueNs = nil }
+            self.schedulePump()
         }
     }
 

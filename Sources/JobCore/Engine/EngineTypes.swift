@@ -18,6 +18,8 @@ public struct EngineConfiguration: Sendable {
     public var maxScheduledJobs = 1_000_000
     /// Due jobs taken from the store into memory per read.
     public var dueBatchSize = 500
+    /// `--host-rate`: request starts per second per host, over all jobs, on top of `maxPerHost`.
+    public var hostRates: [HostRate] = []
 
     public init() {}
 }
@@ -74,6 +76,8 @@ public struct EngineMetrics: Sendable {
     public var scheduledJobs = 0
     /// Jobs waiting for a slot of their concurrency key.
     public var waitingForKey = 0
+    /// Coalescing, cache and rate-limit counters (API.md §9).
+    public var transfer = TransferMetrics()
 
     public init() {}
 }

@@ -20,12 +20,15 @@ struct FetchQueue {
     private struct Lane {
         var tickets: [Ticket] = []
         var head = 0
+        /// Since when (monotonic ns) the head ticket could start but for its host's rate.
+        var rateBlockedSinceNs: UInt64?
         var isEmpty: Bool { head >= tickets.count }
 
         mutating func pop() -> Ticket? {
             guard head < tickets.count else { return nil }
             let t = tickets[head]
             head += 1
+            rateBlockedSinceNs = nil
             if head > 1024, head * 2 > tickets.count {
                 tickets.removeFirst(head)
                 head = 0
@@ -42,6 +45,13 @@ struct FetchQueue {
     private var hostInFlight: [String: Int] = [:]
     private(set) var inFlight = 0
     private(set) var waiting = 0
+    /// `--host-rate`: consulted after the slot limits, so a start takes a token only when it happens.
+    var rateLimiter = HostRateLimiter([])
+    /// When the earliest fetch held back by a rate may start (monotonic ns); `nil` when none is.
+    private(set) var rateDueNs: UInt64?
+    /// Time fetches spent ready to start but held back by `--host-rate`, and how many were.
+    private(set) var rateWaitNs: UInt64 = 0
+    private(set) var rateLimitedStarts = 0
 
     init(maxTotal: Int, maxPerHost: Int) {
         self.maxTotal = max(1, maxTotal)
@@ -60,7 +70,9 @@ struct FetchQueue {
 
     /// The next ticket that may start now, with its host; its slot is taken.
     mutating func next() -> (Ticket, String)? {
+        rateDueNs = nil
         guard inFlight < maxTotal, !ring.isEmpty else { return nil }
+        let now: UInt64 = rateLimiter.isEmpty ? 0 : HostRateLimiter.nowNs()
         var tried = 0
         while tried < ring.count {
             if cursor >= ring.count { cursor = 0 }
@@ -70,7 +82,23 @@ struct FetchQueue {
                 ring.remove(at: cursor)
                 continue
             }
-            if hostInFlight[key.host, default: 0] < maxPerHost, let ticket = lane.pop() {
+            guard hostInFlight[key.host, default: 0] < maxPerHost else {
+                cursor += 1
+                tried += 1
+                continue
+            }
+            if let due = rateLimiter.take(hostKey: key.host, nowNs: now) {
+                rateDueNs = min(rateDueNs ?? due, due)
+                if lane.rateBlockedSinceNs == nil { lanes[key]?.rateBlockedSinceNs = now }
+                cursor += 1
+                tried += 1
+                continue
+            }
+            if let since = lane.rateBlockedSinceNs {
+                rateWaitNs += now > since ? now - since : 0
+                rateLimitedStarts += 1
+            }
+            if let ticket = lane.pop() {
                 waiting -= 1
                 inFlight += 1
                 hostInFlight[key.host, default: 0] += 1

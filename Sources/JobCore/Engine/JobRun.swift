@@ -146,8 +146,13 @@ final class JobRun: @unchecked Sendable {
     private func startFetch(_ i: Int, _ request: FetchRequest) -> Deferred {
         let d = Deferred(canceller: { [unowned self] d in
             if let handle = self.transfers.removeValue(forKey: i) { handle.cancel() }
+            self.leaveTransferLayer(i)
             if !d.isCalled { _ = try? d.takeError(Failure.cancellation()) }
         })
+        if request.cache == .use, let cache = engine.httpCache {
+            lookUpCache(i, request, cache)
+            return d
+        }
         engine.enqueueFetch(run: self, node: i, host: FetchQueue.hostKey(of: request.url))
         return d
     }
@@ -168,6 +173,14 @@ final class JobRun: @unchecked Sendable {
         }
         let prior = priorAttempts[i] ?? 0
         let engine = self.engine
+        if request.cache == .use, let cache = engine.httpCache {
+            beginCachedTransfer(i, request, host: host, cache: cache)
+            return true
+        }
+        if request.coalesce {
+            beginSharedTransfer(i, request, host: host)
+            return true
+        }
         transfers[i] = engine.fetcher.start(
             request,
             timeoutMs: nil,
@@ -191,7 +204,7 @@ final class JobRun: @unchecked Sendable {
         touch(i)
     }
 
-    private func fetchFinished(_ i: Int, _ outcome: FetchOutcome) {
+    func fetchFinished(_ i: Int, _ outcome: FetchOutcome) {
         transfers[i] = nil
         guard !stopping, let d = deferreds[i], !d.isCalled else { return }
         let nodeID = graph.nodes[i].id
@@ -380,6 +393,7 @@ final class JobRun: @unchecked Sendable {
         deadlineTimer = nil
         for handle in transfers.values { handle.cancel() }
         transfers.removeAll()
+        leaveTransferLayer()
     }
 
     static func isCancellation(_ failure: Failure) -> Bool {

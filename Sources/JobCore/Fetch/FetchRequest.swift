@@ -3,6 +3,11 @@ public enum FetchExpect: String, Sendable, CaseIterable {
     case auto, json, text, bytes
 }
 
+/// Whether a fetch uses the HTTP cache (API.md §9 `cache`).
+public enum FetchCacheMode: String, Sendable, CaseIterable {
+    case off, use
+}
+
 /// One HTTP request of a `fetch` node, as validated from the graph.
 public struct FetchRequest: Equatable, Sendable {
     /// The methods a fetch may use.
@@ -31,12 +36,19 @@ public struct FetchRequest: Equatable, Sendable {
     /// The largest response body accepted; `nil` means the fetcher's configured limit.
     public var maxBytes: Int?
     public var followRedirects: Bool
+    /// Share an identical GET or HEAD in flight instead of making another request (API.md §9).
+    public var coalesce: Bool
+    /// `use`: answer from the HTTP cache when RFC 9111 allows, and store what it allows (GET only).
+    public var cache: FetchCacheMode
 
     public init(
         url: String, method: String = "GET", headers: [(name: String, value: String)] = [], body: Body? = nil,
         expect: FetchExpect = .auto, acceptStatus: Set<Int> = [], retries: Int = 0, retryBackoffMs: Int = 200,
-        idempotent: Bool? = nil, maxBytes: Int? = nil, followRedirects: Bool = true
+        idempotent: Bool? = nil, maxBytes: Int? = nil, followRedirects: Bool = true, coalesce: Bool = false,
+        cache: FetchCacheMode = .off
     ) {
+        self.coalesce = coalesce
+        self.cache = cache
         self.url = url
         self.method = method
         self.headers = headers
@@ -54,6 +66,6 @@ public struct FetchRequest: Equatable, Sendable {
         a.url == b.url && a.method == b.method && a.headers.elementsEqual(b.headers, by: { $0 == $1 })
             && a.body == b.body && a.expect == b.expect && a.acceptStatus == b.acceptStatus && a.retries == b.retries
             && a.retryBackoffMs == b.retryBackoffMs && a.idempotent == b.idempotent && a.maxBytes == b.maxBytes
-            && a.followRedirects == b.followRedirects
+            && a.followRedirects == b.followRedirects && a.coalesce == b.coalesce && a.cache == b.cache
     }
 }

@@ -1,3 +1,5 @@
+import CCurl
+
 /// A complete HTTP response, with its body read as the request's `expect` asked.
 public struct FetchResponse: Sendable {
     /// The final response's status code.
@@ -19,6 +21,12 @@ public struct FetchResponse: Sendable {
     public var elapsedMs: Int
     /// The final URL, after redirects.
     public var url: String
+    /// The protocol the final response came over: `"1.0"`, `"1.1"`, `"2"` or `"3"`; `nil` when unknown.
+    public var httpVersion: String?
+    /// For a fetch with `coalesce`: whether it shared a transfer another fetch started (API.md §9).
+    public var coalesced: Bool?
+    /// For a fetch with `cache: "use"`: `hit`, `revalidated` or `miss` (API.md §9).
+    public var cacheOutcome: String?
 
     /// Creates a response value.
     public init(
@@ -53,7 +61,20 @@ public struct FetchResponse: Sendable {
             JSONMember("bytes", .int(bytes)),
             JSONMember("elapsed_ms", .int(elapsedMs)),
             JSONMember("url", .string(url)),
-        ])
+        ] + (httpVersion.map { [JSONMember("http_version", .string($0))] } ?? [])
+            + (coalesced.map { [JSONMember("coalesced", .bool($0))] } ?? [])
+            + (cacheOutcome.map { [JSONMember("cache", .string($0))] } ?? []))
+    }
+
+    /// The words for libcurl's `CURLINFO_HTTP_VERSION`.
+    static func httpVersion(curlCode: Int) -> String? {
+        switch curlCode {
+        case Int(CURL_HTTP_VERSION_1_0): return "1.0"
+        case Int(CURL_HTTP_VERSION_1_1): return "1.1"
+        case Int(CURL_HTTP_VERSION_2_0): return "2"
+        case Int(CURL_HTTP_VERSION_3): return "3"
+        default: return nil
+        }
     }
 }
 

@@ -378,6 +378,8 @@ private let openSocketCallback: curl_opensocket_callback = { user, purpose, addr
 final class FetchLoop: @unchecked Sendable {
     private let configuration: FetcherConfiguration
     private let denyList: [AddressRange]
+    /// The system's roots plus `--ca-file`; `nil` without `--ca-file` (libcurl then reads the system's own).
+    private let roots: TrustedRoots?
     private let multi: UnsafeMutableRawPointer
     private let mutex = Mutex()
 
@@ -404,6 +406,7 @@ final class FetchLoop: @unchecked Sendable {
         guard curlGlobal == CURLE_OK else { throw FetcherError("curl_global_init failed") }
         self.configuration = configuration
         denyList = try configuration.denyCIDRs.map { try AddressRange(cidr: $0) }
+        roots = try configuration.caFile.map { try TrustedRoots(caFile: $0) }
         guard configuration.maxConcurrentFetches > 0, configuration.maxPerHost > 0 else {
             throw FetcherError("connection limits must be positive")
         }
@@ -562,6 +565,17 @@ final class FetchLoop: @unchecked Sendable {
         check(ccurl_easy_setopt_long(easy, CURLOPT_FOLLOWLOCATION, request.followRedirects ? 1 : 0))
         check(ccurl_easy_setopt_long(easy, CURLOPT_MAXREDIRS, 5))
         check(ccurl_easy_setopt_long(easy, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_2TLS))
+        // libcurl's defaults, set anyway: there is no way to turn verification off (API.md §9).
+        check(ccurl_easy_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 1))
+        check(ccurl_easy_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 2))
+        if let roots {
+            if let pem = roots.pem {
+                check(ccurl_easy_setopt_blob_nocopy(easy, CURLOPT_CAINFO_BLOB, pem.baseAddress, pem.count))
+            } else {
+                check(ccurl_easy_setopt_str(easy, CURLOPT_CAINFO, roots.caFile))
+                if let directory = roots.systemDirectory { check(ccurl_easy_setopt_str(easy, CURLOPT_CAPATH, directory)) }
+            }
+        }
         check(ccurl_easy_setopt_long(easy, CURLOPT_NETRC, Int(CURL_NETRC_IGNORED.rawValue)))
         check(ccurl_easy_setopt_str(easy, CURLOPT_PROXY, configuration.proxy ?? ""))
         check(ccurl_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, configuration.connectTimeoutMs))
@@ -681,6 +695,8 @@ final class FetchLoop: @unchecked Sendable {
         var urlPointer: UnsafeMutablePointer<CChar>?
         ccurl_easy_getinfo_str(easy, CURLINFO_EFFECTIVE_URL, &urlPointer)
         let finalURL = urlPointer.map { String(cString: $0) } ?? transfer.request.url
+        var versionCode = 0
+        ccurl_easy_getinfo_long(easy, CURLINFO_HTTP_VERSION, &versionCode)
         let detail = transfer.errorBuffer[0] != 0 ? String(cString: transfer.errorBuffer) : String(cString: curl_easy_strerror(code))
         if code == CURLE_COULDNT_CONNECT, transfer.socketErrno == 0 {
             // connect() itself failing with EADDRNOTAVAIL means no local port was free.
@@ -704,6 +720,7 @@ final class FetchLoop: @unchecked Sendable {
             var response = FetchResponse(
                 status: statusCode, headers: transfer.headers, body: .null, bodyEncoding: "text", rawBody: transfer.body,
                 contentType: contentType, bytes: transfer.body.count, elapsedMs: elapsed, url: finalURL)
+            response.httpVersion = FetchResponse.httpVersion(curlCode: versionCode)
             switch decoded {
             case .value(let (value, encoding)):
                 response.body = value

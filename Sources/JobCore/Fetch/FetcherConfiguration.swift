@@ -23,6 +23,9 @@ public struct FetcherConfiguration: Sendable {
     public var proxy: String? = nil
     /// The `User-Agent` sent unless a request sets its own.
     public var userAgent = "jobserver/1"
+    /// A PEM file of certificates trusted as roots besides the system's (`--ca-file`). Certificate and host
+    /// name are verified on every TLS connection whatever this says.
+    public var caFile: String? = nil
 
     /// The defaults of API.md §4.
     public init() {}

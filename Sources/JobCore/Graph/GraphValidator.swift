@@ -166,7 +166,7 @@ struct GraphValidator {
     static let commonFields: Set<String> = ["type", "id", "timeout_ms", "recover"]
     static let fetchFields: Set<String> = [
         "url", "method", "headers", "body", "json", "expect", "accept_status", "retries", "retry_backoff_ms",
-        "idempotent", "max_bytes", "follow_redirects",
+        "idempotent", "max_bytes", "follow_redirects", "coalesce", "cache",
     ]
     static let listFields: Set<String> = [
         "children", "fire_on_first_result", "fire_on_first_error", "consume_errors", "cancel_remaining", "concurrency",
@@ -601,10 +601,21 @@ struct GraphValidator {
         var idempotent: Bool?
         var maxBytes: Int?
         var followRedirects = true
+        var coalesce = false
+        var coalescePosition: Spot?
+        var cache = FetchCacheMode.off
+        var cachePosition: Spot?
 
         mutating func finish(issues: inout IssueCollector) {
             if method == "HEAD", body != nil, let position = bodyPosition {
                 issues.add(position, "a HEAD request cannot have a body")
+            }
+            let method = self.method ?? "GET"
+            if coalesce, let position = coalescePosition, method != "GET" && method != "HEAD" || body != nil {
+                issues.add(position, "coalesce needs a GET or HEAD request without a body")
+            }
+            if cache == .use, let position = cachePosition, method != "GET" || body != nil {
+                issues.add(position, "cache \"use\" needs a GET request without a body")
             }
         }
 
@@ -613,7 +624,7 @@ struct GraphValidator {
             return FetchRequest(
                 url: url, method: method ?? "GET", headers: headers, body: body, expect: expect,
                 acceptStatus: acceptStatus, retries: retries, retryBackoffMs: retryBackoffMs, idempotent: idempotent,
-                maxBytes: maxBytes, followRedirects: followRedirects)
+                maxBytes: maxBytes, followRedirects: followRedirects, coalesce: coalesce, cache: cache)
         }
     }
 
@@ -703,6 +714,16 @@ struct GraphValidator {
             fetch.maxBytes = integer(value, in: 0...max(0, limits.maxResponseBytes), spot)
         case "follow_redirects":
             fetch.followRedirects = boolean(value, spot) ?? fetch.followRedirects
+        case "coalesce":
+            fetch.coalesce = boolean(value, spot) ?? false
+            fetch.coalescePosition = spot
+        case "cache":
+            if let s = value.stringValue, let mode = FetchCacheMode(rawValue: s) {
+                fetch.cache = mode
+                fetch.cachePosition = spot
+            } else {
+                issues.add(spot, "must be \"use\" or \"off\"")
+            }
         default:
             break
         }
