@@ -72,6 +72,19 @@ public enum Timestamp {
         return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
     }
 
+    /// Milliseconds since the epoch of a UTC civil date and time, with no calendar or locale involved (Howard
+    /// Hinnant's days-from-civil algorithm). The fields are not checked: the callers parse and check them.
+    static func epochMs(year: Int, month: Int, day: Int, hour: Int, minute: Int, second: Int) -> Int64 {
+        let y = month <= 2 ? year - 1 : year
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yoe = y - era * 400
+        let mp = (month + 9) % 12
+        let doy = (153 * mp + 2) / 5 + day - 1
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
+        let days = era * 146_097 + doe - 719_468
+        return (Int64(days) * 86_400 + Int64(hour * 3600 + minute * 60 + second)) * 1000
+    }
+
     /// `2026-12-02T08:11:28.123Z`.
     public static func format(_ ms: Int64) -> String {
         var seconds = time_t(ms / 1000)

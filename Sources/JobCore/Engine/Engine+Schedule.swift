@@ -288,12 +288,7 @@ extension Engine {
             return true
         }
         guard registered else { return nil }
-        let timer = DispatchWorkItem { [weak self, waiter] in
-            guard let self, !waiter.done else { return }
-            self.dropWaiter(waiter, jobID: id)
-            waiter.fire(self.runs[id].map(self.shownRecord) ?? (try? self.storedJob(id: id)) ?? nil)
-        }
-        if waiter.arm(timer) { queue.asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer) }
+        armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
         return waiter
     }
 

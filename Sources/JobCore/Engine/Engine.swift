@@ -618,13 +618,7 @@ public final class Engine: @unchecked Sendable {
         case .answered:
             return nil
         case .waiting:
-            // Runs on the queue (scheduled with `queue.asyncAfter`).
-            let timer = DispatchWorkItem { [weak self, waiter] in
-                guard let self, !waiter.done else { return }
-                self.dropWaiter(waiter, jobID: id)
-                waiter.fire(self.runs[id].map(self.shownRecord) ?? (try? self.storedJob(id: id)) ?? nil)
-            }
-            if waiter.arm(timer) { queue.asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer) }
+            armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
             return waiter
         case .notRunning(let shuttingDown):
             // Not running: a settled job changes no more, except by being deleted.
@@ -652,6 +646,16 @@ public final class Engine: @unchecked Sendable {
     func dropWaiter(_ waiter: Waiter, jobID: String) {
         waiters[jobID]?.removeAll { $0 === waiter }
         if waiters[jobID]?.isEmpty == true { waiters[jobID] = nil }
+    }
+
+    /// Answers `waiter` with the job as it is once `timeoutMs` have passed without a change; on the queue.
+    func armTimeout(_ waiter: Waiter, jobID id: String, timeoutMs: Int) {
+        let timer = DispatchWorkItem { [weak self, waiter] in
+            guard let self, !waiter.done else { return }
+            self.dropWaiter(waiter, jobID: id)
+            waiter.fire(self.runs[id].map(self.shownRecord) ?? (try? self.storedJob(id: id)) ?? nil)
+        }
+        if waiter.arm(timer) { queue.asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer) }
     }
 
     fileprivate func removeWaiter(_ waiter: Waiter, jobID: String) {

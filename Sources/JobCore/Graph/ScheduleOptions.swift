@@ -144,15 +144,7 @@ public enum RFC3339 {
         let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0
         let monthDays = [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
         guard (1...monthDays[month - 1]).contains(day) else { return nil }
-        // Days from the civil date (Howard Hinnant's algorithm).
-        let y = month <= 2 ? year - 1 : year
-        let era = (y >= 0 ? y : y - 399) / 400
-        let yoe = y - era * 400
-        let mp = (month + 9) % 12
-        let doy = (153 * mp + 2) / 5 + day - 1
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
-        let days = era * 146_097 + doe - 719_468
-        let seconds = Int64(days) * 86_400 + Int64(hour * 3600 + minute * 60 + min(second, 59)) - Int64(offsetMinutes * 60)
-        return seconds * 1000 + Int64(millis)
+        let local = Timestamp.epochMs(year: year, month: month, day: day, hour: hour, minute: minute, second: min(second, 59))
+        return local - Int64(offsetMinutes) * 60_000 + Int64(millis)
     }
 }

@@ -124,15 +124,7 @@ enum HTTPCachePolicy {
         else { return nil }
         let time = parts[4].split(separator: ":").compactMap { Int($0) }
         guard time.count == 3 else { return nil }
-        // Days from the civil date (Howard Hinnant's algorithm), so no calendar or locale is involved.
-        let y = month <= 2 ? year - 1 : year
-        let era = (y >= 0 ? y : y - 399) / 400
-        let yoe = y - era * 400
-        let mp = (month + 9) % 12
-        let doy = (153 * mp + 2) / 5 + day - 1
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy
-        let days = era * 146_097 + doe - 719_468
-        return (Int64(days) * 86_400 + Int64(time[0] * 3600 + time[1] * 60 + time[2])) * 1000
+        return Timestamp.epochMs(year: year, month: month, day: day, hour: time[0], minute: time[1], second: time[2])
     }
 
     private static let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]

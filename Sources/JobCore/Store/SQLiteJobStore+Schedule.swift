@@ -21,15 +21,7 @@ extension SQLiteJobStore {
             jobStatement.bind(2, Int64(max(1, limit)))
             jobStatement.bind(3, after?.dueAt ?? Int64.min)
             jobStatement.bind(4, after?.id ?? "")
-            var jobs: [JobRecord] = []
-            while try jobStatement.step() {
-                do {
-                    jobs.append(try Rows.job(jobStatement))
-                } catch let error as StoreError {
-                    if let partial = Rows.partialJob(jobStatement) { skipped.append(UnreadableJob(job: partial, error: error)) }
-                }
-            }
-            jobStatement.reset()
+            let jobs = try Rows.jobs(stepping: jobStatement, skipped: &skipped)
             let nodeStatement = try db.prepare(
                 "SELECT \(Columns.node) FROM nodes WHERE job_id = ?1 ORDER BY position")
             defer { nodeStatement.reset() }

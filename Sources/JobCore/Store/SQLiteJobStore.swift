@@ -302,15 +302,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
             let unfinished = "('\(NodeState.pending.rawValue)', '\(NodeState.running.rawValue)')"
             let jobStatement = try db.prepare("SELECT \(Columns.job) FROM jobs WHERE state IN \(unfinished) AND due_at IS NULL ORDER BY id")
             defer { jobStatement.reset() }
-            var jobs: [JobRecord] = []
-            while try jobStatement.step() {
-                do {
-                    jobs.append(try Rows.job(jobStatement))
-                } catch let error as StoreError {
-                    if let partial = Rows.partialJob(jobStatement) { skipped.append(UnreadableJob(job: partial, error: error)) }
-                }
-            }
-            jobStatement.reset()
+            var jobs = try Rows.jobs(stepping: jobStatement, skipped: &skipped)
             if jobs.isEmpty { return [] }
 
             let nodeStatement = try db.prepare(
@@ -1085,6 +1077,21 @@ enum SQL {
 
 /// Records to and from statement parameters and columns.
 enum Rows {
+    /// Steps `statement` to its end and resets it, one job a row; a row that cannot be read goes to `skipped`, with
+    /// its error, as far as it can be read.
+    static func jobs(stepping statement: SQLiteStatement, skipped: inout [UnreadableJob]) throws -> [JobRecord] {
+        defer { statement.reset() }
+        var jobs: [JobRecord] = []
+        while try statement.step() {
+            do {
+                jobs.append(try job(statement))
+            } catch let error as StoreError {
+                if let partial = partialJob(statement) { skipped.append(UnreadableJob(job: partial, error: error)) }
+            }
+        }
+        return jobs
+    }
+
     /// Stored JSON was parsed before it was written, under whatever `--max-depth` was in force then; this only
     /// bounds the work on a damaged file.
     static let maxJSONDepth = Limits.storedJSONDepth
