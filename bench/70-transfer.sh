@@ -82,7 +82,7 @@ port=$(start_fixture)
 upstream="http://127.0.0.1:$port"
 server_port=$(free_port)
 "$bin/jobserver" serve --host 127.0.0.1 --port "$server_port" --db "$tmp/db/jobs.sqlite" --log-level error \
-  --max-nodes $(( (N > CACHE_N ? N : CACHE_N) + 10 )) --cache-bytes 1MiB 2>"$tmp/server.log" &
+  --max-nodes $(( (N > CACHE_N ? N : CACHE_N) + 10 )) --max-request-bytes 16MiB --cache-bytes 1MiB 2>"$tmp/server.log" &
 pids+=("$!")
 base="http://127.0.0.1:$server_port"
 wait_for "$base/healthz"

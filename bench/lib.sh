@@ -66,6 +66,8 @@ http {
 CONF
     nginx -p "$tmp" -c "$tmp/nginx.conf" -e "$tmp/logs/error.log" >&2 &
     nginx_pid=$!
+    # Stopped by bench_setup's trap with the rest, whose wait would otherwise wait for it forever.
+    pids+=("$nginx_pid")
 }
 
 nginx_version() { nginx -v 2>&1 | sed 's|.*/||'; }

@@ -26,12 +26,18 @@ run_one() {
   local script="$1" name; name="$(basename "$script")"
   echo "== $script" >&2
   echo "<!-- bench: $name -->"
-  bash "$script"
+  # One script that fails does not stop the others; its section says so.
+  if ! bash "$script"; then
+    echo
+    echo "**\`$script\` failed in this run** (its output on stderr says why); the figures above it, if any, are partial."
+    status=1
+  fi
   echo
   echo "Measured at commit \`$commit\` on $(date -u +%Y-%m-%dT%H:%M:%SZ) by \`bench/run.sh\`."
   echo "<!-- /bench: $name -->"
 }
 
+status=0
 tmp=$(mktemp)
 if [ $# -eq 0 ] || [ ! -e "$out" ]; then
   {
@@ -48,8 +54,9 @@ if [ $# -eq 0 ] || [ ! -e "$out" ]; then
   } >"$tmp"
   for script in "${scripts[@]}"; do run_one "$script" >>"$tmp"; echo >>"$tmp"; done
 else
-  cp "$out" "$tmp"
   for script in "${scripts[@]}"; do
+    # Each section is written as soon as it is measured, so that a later failure keeps the earlier ones.
+    cp "$out" "$tmp"
     name="$(basename "$script")"
     section=$(mktemp)
     run_one "$script" >"$section"
@@ -68,7 +75,11 @@ else:
 open(path, "w").write(text)
 PY
     rm -f "$section"
+    mv "$tmp" "$out"
   done
+  echo "wrote $out" >&2
+  exit "$status"
 fi
 mv "$tmp" "$out"
 echo "wrote $out" >&2
+exit "$status"
