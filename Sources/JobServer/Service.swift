@@ -25,13 +25,27 @@ final class Service: @unchecked Sendable {
     init(config: ServerConfig, logger: Logger) throws {
         self.config = config
         self.logger = logger
-        let folder = URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path
-        let store: SQLiteJobStore
-        do {
-            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-            store = try SQLiteJobStore(path: config.dbPath, logger: logger)
-        } catch {
-            throw StartupError(step: "open the store at \(config.dbPath)", underlying: error)
+        let store: JobStore
+        let outboxDatabase: @Sendable () throws -> WebhookOutboxDatabase
+        if config.usesPostgres {
+            let url = config.dbPath
+            do {
+                store = try PostgresJobStore(url: url, logger: logger)
+            } catch {
+                // libpq's reason never includes the password; the URL might.
+                throw StartupError(step: "open the PostgreSQL store", underlying: error)
+            }
+            outboxDatabase = { try PostgresWebhookOutboxDatabase(url: url) }
+        } else {
+            let folder = URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path
+            do {
+                try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+                store = try SQLiteJobStore(path: config.dbPath, logger: logger)
+            } catch {
+                throw StartupError(step: "open the store at \(config.dbPath)", underlying: error)
+            }
+            let path = config.dbPath
+            outboxDatabase = { try SQLiteWebhookOutboxDatabase(path: path) }
         }
         do {
             fetcher = try Fetcher(configuration: config.fetcherConfiguration)
@@ -42,7 +56,7 @@ final class Service: @unchecked Sendable {
             renderSettled: Presentation.jobBytes)
         let engine = self.engine
         webhooks = WebhookOutbox(
-            path: config.dbPath, store: store, fetcher: fetcher, configuration: config.webhookConfiguration,
+            database: outboxDatabase, store: store, fetcher: fetcher, configuration: config.webhookConfiguration,
             logger: logger, render: Presentation.webhookBytes, onChange: { engine.forgetSettledAnswer(jobID: $0) })
         let webhooks = self.webhooks
         engine.notifyStatus = { webhooks.status(jobID: $0) }
