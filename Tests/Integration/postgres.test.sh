@@ -29,6 +29,14 @@ grep -q "cannot connect to PostgreSQL" "$TMP/dead.log" || fail "no reason logged
 start_upstream
 start_server_on "$url"
 
+step "a second server on the same database is refused while the first runs"
+set +e
+timeout 20 "$JOBSERVER_BIN" serve --host 127.0.0.1 --port 0 --db "$url" >"$TMP/second.log" 2>&1
+code=$?
+set -e
+[ "$code" -ne 0 ] && [ "$code" -ne 124 ] || fail "a second server on the database exited $code"
+grep -q "another jobserver is using this database" "$TMP/second.log" || fail "no reason logged: $(tail -3 "$TMP/second.log")"
+
 step "submit, read, long-poll"
 submit "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"},\"metadata\":{\"n\":1}}"
 done_id="$JOB_ID"

@@ -78,6 +78,21 @@ final class PostgresStoreTests: StoreTests {
         }
     }
 
+    /// Unlike a SQLite file, a PostgreSQL database is held by one store at a time (until leases let several servers
+    /// share one): a second store is refused while the first is open, and sees its jobs once it closed.
+    override func testCreatedJobIsVisibleToAnotherStoreOnTheSameFile() throws {
+        let store = try makeStore()
+        try create(store, 1)
+        XCTAssertThrowsError(try makeStore()) { error in
+            XCTAssertEqual((error as? StoreError)?.kind, .open)
+            XCTAssertTrue("\(error)".contains("another jobserver is using this database"), "\(error)")
+        }
+        store.close()
+        let second = try makeStore()
+        defer { second.close() }
+        XCTAssertEqual(try second.job(id: jobID(1))?.name, "job 1")
+    }
+
     /// SQLite-only: a SQLite store needs a file path; a PostgreSQL store is given a URL.
     override func testInMemoryPathIsRefused() {}
 

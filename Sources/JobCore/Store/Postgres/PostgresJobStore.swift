@@ -1,3 +1,9 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// The `JobStore` on a PostgreSQL database (API.md §10), with the SQLite store's semantics.
 ///
 /// **Writes.** One writer thread owns the only writing connection and the same queue as `SQLiteJobStore`
@@ -36,6 +42,7 @@ public final class PostgresJobStore: JobStore, @unchecked Sendable {
         let connection = try PostgresConnection(url: url)
         do {
             try PostgresSchema.migrate(connection, logger: logger)
+            try Self.claimDatabase(connection)
         } catch {
             connection.close()
             throw error
@@ -50,6 +57,27 @@ public final class PostgresJobStore: JobStore, @unchecked Sendable {
     }
 
     deinit { close() }
+
+    /// Any fixed number, the same for every server: the key of the session advisory lock a store holds on its
+    /// database for as long as its writer's connection lives.
+    static let ownerLockKey = 7_300_013
+
+    /// Takes the database for this store alone: several servers on one database would each resume the other's
+    /// unfinished jobs at start (there are no leases yet), so a second one is refused. The lock goes with the
+    /// writer's session, so a server killed with `kill -9` frees it as soon as PostgreSQL sees its connection close.
+    /// A server restarted right after a `kill -9` may find the lock still held for a moment, by the dead server's
+    /// backend not yet gone: it tries for up to 3 s.
+    private static func claimDatabase(_ connection: PostgresConnection) throws {
+        for attempt in 0..<30 {
+            let rows = try connection.query("SELECT pg_try_advisory_lock($1)", [.int(ownerLockKey)])
+            if rows.rows.first?.first == "t" { return }
+            if attempt < 29 { usleep(100_000) }
+        }
+        throw StoreError(
+            .open,
+            "another jobserver is using this database (it holds advisory lock \(ownerLockKey)); "
+                + "several servers on one PostgreSQL database are not supported yet")
+    }
 
     // MARK: Writes
 

@@ -33,6 +33,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
         }
         for ticket in commitWaiters { ticket.complete(.failure(StoreError(.closed, "store closed before the changes were written"))) }
         commitWaiters.removeAll()
+        // Frees the database for the next store at once, rather than when the server notices the session ended.
+        _ = try? db.execute("SELECT pg_advisory_unlock_all()")
         db.close()
     }
 
