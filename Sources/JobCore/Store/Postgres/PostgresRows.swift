@@ -27,7 +27,13 @@ enum PGRows {
         + "p_failed = $13, p_cancelled = $14, p_skipped = $15, error = $16, metadata = $17, result = $18, "
         + "not_before = $19, due_at = $20, concurrency_key = $21, concurrency_limit = $22, attempt = $23, "
         + "retried_at = $24 WHERE id = $1"
-    static let insertNode = "INSERT INTO nodes (\(node)) VALUES (" + (1...16).map { "$\($0)" }.joined(separator: ", ") + ")"
+    /// `count` rows of 16 parameters each.
+    static func insertNodes(count: Int) -> String {
+        let rows = (0..<max(1, count)).map { row in
+            "(" + (1...16).map { "$\(row * 16 + $0)" }.joined(separator: ", ") + ")"
+        }
+        return "INSERT INTO nodes (\(node)) VALUES " + rows.joined(separator: ", ")
+    }
     static let updateNode = "UPDATE nodes SET id = $3, parent = $4, type = $5, state = $6, attempts = $7, "
         + "started_at = $8, finished_at = $9, elapsed_ms = $10, status = $11, recovered = $12, error = $13, "
         + "result = $14, request = $15, pages = $16 WHERE job_id = $1 AND position = $2"

@@ -219,10 +219,26 @@ final class PostgresStoreWriter: @unchecked Sendable {
             let existing = try PGRows.job(row)
             return row.string(PGRows.jobCount) == request.requestHash ? .existing(existing) : .conflict(existing)
         }
-        for node in request.nodes {
-            try db.run(prepared: "insert_node", PGRows.insertNode, PGRows.parameters(node, jobID: job.id))
-        }
+        try insertNodes(request.nodes.map { (node: $0, jobID: job.id) })
         return .created(job)
+    }
+
+    /// Rows per multi-row node insert: one round trip for a job of up to this many nodes (16 parameters a row,
+    /// far below PostgreSQL's 65,535).
+    static let nodesPerInsert = 64
+
+    /// Inserts the nodes in statements of `nodesPerInsert` rows (prepared once per row count), rather than a round
+    /// trip per node.
+    private func insertNodes(_ rows: [(node: NodeRecord, jobID: String)]) throws {
+        var start = 0
+        while start < rows.count {
+            let chunk = rows[start..<min(rows.count, start + Self.nodesPerInsert)]
+            var parameters: [PostgresParameter] = []
+            parameters.reserveCapacity(chunk.count * 16)
+            for row in chunk { parameters += PGRows.parameters(row.node, jobID: row.jobID) }
+            try db.run(prepared: "insert_nodes_\(chunk.count)", PGRows.insertNodes(count: chunk.count), parameters)
+            start += chunk.count
+        }
     }
 
     private func insert(_ expansion: MapExpansionRecord) throws {
@@ -232,12 +248,11 @@ final class PostgresStoreWriter: @unchecked Sendable {
                 + "SELECT $1::text, $2::text, $3::bigint, $4::text WHERE EXISTS (SELECT 1 FROM jobs WHERE id = $1::text)",
             [.text(expansion.jobID), .text(expansion.nodeID), .int(expansion.firstPosition), PGRows.json(expansion.items)])
         guard items.affected > 0 else { return }
-        for node in expansion.nodes {
-            // A copy changed before this commit: its change, written just before in this transaction, found no
-            // row to update, so the row goes in as it now is.
-            let latest = pending.nodes[NodeKey(jobID: expansion.jobID, position: node.position)] ?? node
-            try db.run(prepared: "insert_node", PGRows.insertNode, PGRows.parameters(latest, jobID: expansion.jobID))
-        }
+        // A copy changed before this commit: its change, written just before in this transaction, found no row to
+        // update, so the row goes in as it now is.
+        try insertNodes(expansion.nodes.map { node in
+            (node: pending.nodes[NodeKey(jobID: expansion.jobID, position: node.position)] ?? node, jobID: expansion.jobID)
+        })
     }
 
     private func write(_ pending: PendingChanges) throws {
