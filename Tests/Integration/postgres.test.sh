@@ -73,6 +73,8 @@ expect_status 404
 
 step "a notify webhook, written by the outbox triggers: delivered on the second attempt"
 : >"$TMP/hooks.log"
+# Made here: the background job opens it only when it gets to run.
+: >"$TMP/receiver.out"
 python3 Tests/Integration/webhook_receiver.py "$TMP/hooks.log" 127.0.0.1 >"$TMP/receiver.out" 2>&1 &
 STARTED_PIDS+=("$!")
 receiver=""

@@ -130,6 +130,25 @@ class StoreTests: StoreTestCase {
         XCTAssertEqual(try store.nodes(jobID: "nope", includeResults: true), [])
     }
 
+    func testTextWithU0000AndQuotesRoundTrips() throws {
+        let store = try makeStore()
+        defer { store.close() }
+        var (job, nodes) = makeJob(1)
+        job.name = "a\u{0}b \"q\" \\ é"
+        job.concurrencyKey = "k\u{0}1"
+        guard case .created = try store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil) else {
+            return XCTFail("not created")
+        }
+        XCTAssertEqual(try store.job(id: job.id)?.name, job.name)
+        XCTAssertEqual(try store.job(id: job.id)?.concurrencyKey, "k\u{0}1")
+        XCTAssertEqual(try store.listJobs(state: nil, limit: 5, cursor: nil).jobs.first?.name, job.name)
+        job.name = "\u{0}"
+        job.version = 2
+        store.enqueue(jobs: [job], nodes: [], bodies: [])
+        try store.flush()
+        XCTAssertEqual(try store.jobWithoutRequest(id: job.id)?.name, "\u{0}")
+    }
+
     func testNullResultStaysDistinctFromNoResult() throws {
         let store = try makeStore()
         defer { store.close() }

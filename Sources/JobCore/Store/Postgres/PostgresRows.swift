@@ -49,6 +49,10 @@ enum PGRows {
     static func text(_ value: String?) -> PostgresParameter { value.map { .text($0) } ?? .null }
     static func int(_ value: Int?) -> PostgresParameter { value.map { .int($0) } ?? .null }
     static func int(_ value: Int64?) -> PostgresParameter { value.map { .int($0) } ?? .null }
+    /// A string as its JSON text (`"…"`), for the columns of user text that may hold U+0000, which PostgreSQL's
+    /// `text` cannot (and which libpq would cut the value at): `name` and `concurrency_key`.
+    static func jsonString(_ value: String?) -> PostgresParameter { json(value.map { .string($0) }) }
+
     /// JSON as its compact text; `nil` as SQL NULL (so JSON `null` and absence stay distinct).
     static func json(_ value: JSONValue?) -> PostgresParameter {
         value.map { .text(String(decoding: $0.bytes, as: UTF8.self)) } ?? .null
@@ -57,7 +61,7 @@ enum PGRows {
     /// Parameters 1–25 in `job` column order (the 19th is `request`).
     static func parameters(_ job: JobRecord) -> [PostgresParameter] {
         var out: [PostgresParameter] = [
-            .text(job.id), text(job.name), .text(job.state.rawValue), .int(job.createdAt), int(job.startedAt),
+            .text(job.id), jsonString(job.name), .text(job.state.rawValue), .int(job.createdAt), int(job.startedAt),
             int(job.finishedAt), int(job.deadlineMs), .int(job.version), .int(job.progress.total),
         ]
         for state in NodeState.allCases { out.append(.int(job.progress[state])) }
@@ -67,7 +71,7 @@ enum PGRows {
         out.append(json(job.request))
         out.append(int(job.notBefore))
         out.append(int(job.dueAt))
-        out.append(text(job.concurrencyKey))
+        out.append(jsonString(job.concurrencyKey))
         out.append(int(job.concurrencyLimit))
         out.append(.int(job.attempt))
         out.append(int(job.retriedAt))
@@ -99,6 +103,14 @@ enum PGRows {
         func optionalInt64(_ i: Int) -> Int64? { string(i).flatMap { Int64($0) } }
         func int(_ i: Int) -> Int { string(i).flatMap { Int($0) } ?? 0 }
         func optionalInt(_ i: Int) -> Int? { string(i).flatMap { Int($0) } }
+        /// A column written by `jsonString`.
+        func jsonString(_ i: Int) -> String? {
+            guard let text = string(i) else { return nil }
+            guard let value = try? JSONValue.parse(Array(text.utf8), maxDepth: 1), case .string(let decoded) = value else {
+                return text
+            }
+            return decoded
+        }
         func json(_ i: Int) throws -> JSONValue? {
             guard let text = string(i) else { return nil }
             do {
@@ -135,7 +147,7 @@ enum PGRows {
     static func partialJob(_ r: Row) -> JobRecord? {
         guard let id = r.string(0), let state = try? self.state(r, 2) else { return nil }
         return JobRecord(
-            id: id, name: r.string(1), state: state, createdAt: r.int64(3), startedAt: r.optionalInt64(4),
+            id: id, name: r.jsonString(1), state: state, createdAt: r.int64(3), startedAt: r.optionalInt64(4),
             finishedAt: r.optionalInt64(5), request: .null, deadlineMs: r.optionalInt(6), version: r.int64(7),
             progress: progress(r))
     }
@@ -148,7 +160,7 @@ enum PGRows {
         var request = (try? r.json(18)) ?? .null
         if shown { request = request["input"].map { .object(["input": $0]) } ?? .null }
         var job = JobRecord(
-            id: id, name: r.string(1), state: state, createdAt: r.int64(3), startedAt: r.optionalInt64(4),
+            id: id, name: r.jsonString(1), state: state, createdAt: r.int64(3), startedAt: r.optionalInt64(4),
             finishedAt: r.optionalInt64(5), request: request,
             metadata: try r.json(16), deadlineMs: r.optionalInt(6),
             result: try r.json(17), error: try error(r, 15), version: r.int64(7),
@@ -156,7 +168,7 @@ enum PGRows {
         job.input = job.request["input"]
         job.notBefore = r.optionalInt64(19)
         job.dueAt = r.optionalInt64(20)
-        job.concurrencyKey = r.string(21)
+        job.concurrencyKey = r.jsonString(21)
         job.concurrencyLimit = r.optionalInt(22)
         job.attempt = max(1, r.int(23))
         job.retriedAt = r.optionalInt64(24)
