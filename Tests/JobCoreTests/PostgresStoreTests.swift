@@ -156,3 +156,40 @@ final class PostgresStoreFailureTests: StoreFailureTests {
         XCTAssertNotNil(try store.job(id: jobID(2)))
     }
 }
+
+/// `StoreDurabilityTests` on PostgreSQL: a child process writing to a `PostgresJobStore` is killed with SIGKILL;
+/// every job it was answered for and every change a flush confirmed is in the database.
+final class PostgresStoreDurabilityTests: StoreDurabilityTests {
+    static let postgres = PostgresTestCluster()
+    var databaseURL = ""
+
+    override class func setUp() {
+        super.setUp()
+        postgres.start()
+    }
+
+    override class func tearDown() {
+        postgres.stop()
+        super.tearDown()
+    }
+
+    override func setUpWithError() throws {
+        try super.setUpWithError()
+        // The child process runs the SQLite class's child test, which opens what it is given.
+        if ProcessInfo.processInfo.environment["JOBSERVER_STORE_CHILD_DB"] != nil { return }
+        databaseURL = try Self.postgres.freshDatabase()
+    }
+
+    override func makeStore() throws -> JobStore {
+        try PostgresJobStore(url: databaseURL)
+    }
+
+    override func childStoreLocation() throws -> String { databaseURL }
+
+    /// Declared here so that Linux test discovery lists the inherited tests of this class.
+    func testTheStoreIsPostgres() throws {
+        let store = try makeStore()
+        defer { store.close() }
+        XCTAssertTrue(store is PostgresJobStore)
+    }
+}
