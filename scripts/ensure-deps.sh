@@ -8,7 +8,8 @@ case "${1:-build}" in
   # chromium and chromium-driver: the dashboard's browser test (Tests/Integration/ui.test.sh); bsdutils: script, for
   # cli.test.sh; postgresql: the throwaway cluster of scripts/pg-cluster.sh; openssl: the TLS fixture's CA.
   test) want+=(jq sqlite3 python3 python3-venv chromium chromium-driver bsdutils postgresql openssl) ;;
-  bench) want+=(jq sqlite3 nginx-light wrk openssl python3) ;;
+  # postgresql: bench/75-postgres.sh runs the server on a throwaway cluster.
+  bench) want+=(jq sqlite3 nginx-light wrk openssl python3 postgresql) ;;
   *) echo "usage: $0 build|test|bench" >&2; exit 2 ;;
 esac
 missing=()

@@ -7,6 +7,8 @@ struct ServerConfig: Equatable {
     var host = "0.0.0.0"
     var port = 8080
     var dbPath = "./data/jobserver.sqlite"
+    /// True when `--db` names a PostgreSQL database (a `postgres://` or `postgresql://` URL) rather than a SQLite file.
+    var usesPostgres: Bool { dbPath.hasPrefix("postgres://") || dbPath.hasPrefix("postgresql://") }
     var token: String?
     var maxRequestBytes = 1 << 20
     var maxNodes = 10_000
@@ -71,12 +73,11 @@ enum CommandLineParser {
         Option(flag: "--port", help: "TCP port, 0 for any free one (default 8080)") { c, v, _ in
             c.port = try integer(v, flag: "--port", in: 0...65535)
         },
-        Option(flag: "--db", help: "SQLite file, created with its folder (default ./data/jobserver.sqlite)") { c, v, _ in
+        Option(
+            flag: "--db",
+            help: "SQLite file, created with its folder, or a postgres:// URL (default ./data/jobserver.sqlite)"
+        ) { c, v, _ in
             guard !v.isEmpty else { throw ConfigError(message: "--db: must not be empty") }
-            // Refused rather than taken for a file name: the PostgreSQL job store is not part of this version.
-            if v.hasPrefix("postgres://") || v.hasPrefix("postgresql://") {
-                throw ConfigError(message: "--db: PostgreSQL is not supported yet; give a SQLite file path")
-            }
             c.dbPath = v
         },
         Option(flag: "--token", help: "require Authorization: Bearer <token> (default: no auth)") { c, v, _ in

@@ -25,13 +25,27 @@ final class Service: @unchecked Sendable {
     init(config: ServerConfig, logger: Logger) throws {
         self.config = config
         self.logger = logger
-        let folder = URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path
-        let store: SQLiteJobStore
-        do {
-            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-            store = try SQLiteJobStore(path: config.dbPath, logger: logger)
-        } catch {
-            throw StartupError(step: "open the store at \(config.dbPath)", underlying: error)
+        let store: JobStore
+        let outboxDatabase: @Sendable () throws -> WebhookOutboxDatabase
+        if config.usesPostgres {
+            let url = config.dbPath
+            do {
+                store = try PostgresJobStore(url: url, logger: logger)
+            } catch {
+                // libpq's reason never includes the password; the URL might.
+                throw StartupError(step: "open the PostgreSQL store", underlying: error)
+            }
+            outboxDatabase = { try PostgresWebhookOutboxDatabase(url: url) }
+        } else {
+            let folder = URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path
+            do {
+                try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+                store = try SQLiteJobStore(path: config.dbPath, logger: logger)
+            } catch {
+                throw StartupError(step: "open the store at \(config.dbPath)", underlying: error)
+            }
+            let path = config.dbPath
+            outboxDatabase = { try SQLiteWebhookOutboxDatabase(path: path) }
         }
         do {
             fetcher = try Fetcher(configuration: config.fetcherConfiguration)
@@ -42,14 +56,15 @@ final class Service: @unchecked Sendable {
             renderSettled: Presentation.jobBytes)
         let engine = self.engine
         webhooks = WebhookOutbox(
-            path: config.dbPath, store: store, fetcher: fetcher, configuration: config.webhookConfiguration,
+            database: outboxDatabase, store: store, fetcher: fetcher, configuration: config.webhookConfiguration,
             logger: logger, render: Presentation.webhookBytes, onChange: { engine.forgetSettledAnswer(jobID: $0) })
         let webhooks = self.webhooks
         engine.notifyStatus = { webhooks.status(jobID: $0) }
         do {
-            engine.httpCache = try HTTPCache(path: config.dbPath, capacityBytes: config.cacheBytes)
+            // On PostgreSQL the cache is each server's own, in memory: it holds copies, not promises.
+            engine.httpCache = try HTTPCache(path: config.usesPostgres ? nil : config.dbPath, capacityBytes: config.cacheBytes)
         } catch {
-            throw StartupError(step: "open the HTTP cache in \(config.dbPath)", underlying: error)
+            throw StartupError(step: "open the HTTP cache", underlying: error)
         }
         app = App(engine: engine, fetcher: fetcher, config: config, logger: logger)
         app.webhooks = webhooks

@@ -5,7 +5,7 @@ import TestSupport
 
 /// `Engine.watchEvents`: the batches an event stream is made of, in order, until the job settles; resuming from a
 /// version; an unknown job; a settled job read from the store.
-final class EngineEventsTests: EngineTestCase {
+class EngineEventsTests: EngineTestCase {
     /// The upstream's URL for `path`, as a JSON string literal.
     private func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
 

@@ -12,13 +12,27 @@ class EngineTestCase: XCTestCase {
     var directory = ""
     var engines: [Engine] = []
 
+    /// True in the subclasses that run their inherited tests on PostgreSQL (PostgresEngineTests.swift).
+    class var usesPostgres: Bool { false }
+    /// The class's throwaway cluster while a PostgreSQL class runs (XCTest runs one class at a time).
+    static var postgres: PostgresTestCluster?
+    /// The database of each `dbName` of the current test, on PostgreSQL.
+    var databases: [String: String] = [:]
+
     override class func setUp() {
         upstream = try? Upstream.start()
+        if usesPostgres {
+            let cluster = PostgresTestCluster()
+            cluster.start()
+            postgres = cluster
+        }
     }
 
     override class func tearDown() {
         upstream?.stop()
         upstream = nil
+        postgres?.stop()
+        postgres = nil
     }
 
     override func setUpWithError() throws {
@@ -26,6 +40,18 @@ class EngineTestCase: XCTestCase {
         directory = NSTemporaryDirectory() + "engine-tests-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         try upstream.resetStats()
+        databases = [:]
+    }
+
+    /// The store named `dbName` of this test: a SQLite file in the test's folder, or on PostgreSQL a database of
+    /// the class's cluster, made on first use; every store opened with one name within a test sees the same data.
+    func makeStore(dbName: String = "jobs.sqlite") throws -> JobStore {
+        guard Self.usesPostgres else { return try SQLiteJobStore(path: directory + "/" + dbName) }
+        if let url = databases[dbName] { return try PostgresJobStore(url: url) }
+        guard let postgres = Self.postgres else { throw StoreError(.open, "the PostgreSQL cluster was not started") }
+        let url = try postgres.freshDatabase()
+        databases[dbName] = url
+        return try PostgresJobStore(url: url)
     }
 
     override func tearDown() {
@@ -34,10 +60,44 @@ class EngineTestCase: XCTestCase {
         try? FileManager.default.removeItem(atPath: directory)
     }
 
+    /// Runs `sql` on its own connection to the store named `dbName` (damage that only a crash or a bug could do).
+    func executeRaw(_ sql: String, dbName: String = "jobs.sqlite") throws {
+        if Self.usesPostgres {
+            guard let url = databases[dbName] else { throw StoreError(.open, "no database \(dbName) yet") }
+            let db = try PostgresConnection(url: url)
+            defer { db.close() }
+            try db.execute(sql)
+        } else {
+            let db = try SQLiteConnection(path: directory + "/" + dbName, create: false)
+            defer { db.close() }
+            try db.execute(sql)
+        }
+    }
+
+    /// Keeps the store named `dbName` from committing writes (reads go on) until the returned function is called:
+    /// another connection holds SQLite's write lock, or PostgreSQL table locks that writes wait for.
+    func holdWriteLock(dbName: String = "jobs.sqlite") throws -> () throws -> Void {
+        if Self.usesPostgres {
+            guard let url = databases[dbName] else { throw StoreError(.open, "no database \(dbName) yet") }
+            let db = try PostgresConnection(url: url)
+            try db.execute("BEGIN; LOCK TABLE jobs, nodes IN EXCLUSIVE MODE")
+            return {
+                defer { db.close() }
+                try db.execute("COMMIT")
+            }
+        }
+        let db = try SQLiteConnection(path: directory + "/" + dbName, create: false)
+        try db.execute("BEGIN IMMEDIATE")
+        return {
+            defer { db.close() }
+            try db.execute("COMMIT")
+        }
+    }
+
     func makeEngine(
         dbName: String = "jobs.sqlite", configure: (inout EngineConfiguration) -> Void = { _ in }
     ) throws -> Engine {
-        let store = try SQLiteJobStore(path: directory + "/" + dbName)
+        let store = try makeStore(dbName: dbName)
         var fetcherConfig = FetcherConfiguration()
         fetcherConfig.denyCIDRs = []
         let fetcher = try Fetcher(configuration: fetcherConfig)

@@ -5,7 +5,7 @@ import XCTest
 @testable import JobCore
 
 /// The engine's rules (API.md §1.2–1.3), each run against real fetches to the local upstream.
-final class EngineTests: EngineTestCase {
+class EngineTests: EngineTestCase {
     // MARK: - Helpers
 
     /// The upstream's URL for `path`, as a JSON string literal.
@@ -362,8 +362,7 @@ final class EngineTests: EngineTestCase {
         }
         for id in ids { _ = try waitForNodes(engine, id) { $0["root.0.1"]?.state == .running } }
         // While another connection holds the write lock the store cannot commit: no answer may come.
-        let blocker = try SQLiteConnection(path: directory + "/jobs.sqlite", create: false)
-        try blocker.execute("BEGIN IMMEDIATE")
+        let release = try holdWriteLock()
         let early = Box<Result<CancelOutcome, Error>?>(nil)
         let earlyDone = DispatchSemaphore(value: 0)
         engine.cancel(id: ids[0]) { outcome in
@@ -372,8 +371,7 @@ final class EngineTests: EngineTestCase {
         }
         XCTAssertNil(early.value, "cancel answered before the store could commit")
         XCTAssertEqual(try engine.store.job(id: ids[0])?.state, .running)
-        try blocker.execute("COMMIT")
-        blocker.close()
+        try release()
         XCTAssertEqual(earlyDone.wait(timeout: .now() + 10), .success)
         guard case .success(.cancelling) = early.value else { return XCTFail("first cancel: \(String(describing: early.value))") }
         XCTAssertEqual(try engine.store.job(id: ids[0])?.state, .cancelled)
@@ -507,7 +505,7 @@ final class EngineTests: EngineTestCase {
 
     /// Writes a job straight into a store file, as a crash could have left it: `adjust` sets node states.
     func storeJob(
-        _ store: SQLiteJobStore, id: String, _ body: String, state: NodeState = .pending,
+        _ store: JobStore, id: String, _ body: String, state: NodeState = .pending,
         adjust: (inout [NodeRecord]) -> Void = { _ in }
     ) throws {
         let request = try JSONValue.parse(body)
@@ -543,7 +541,7 @@ final class EngineTests: EngineTestCase {
         try first.store.flush()
         first.shutdown(gracePeriodMs: 2000)
         engines.removeAll()
-        let raw = try SQLiteJobStore(path: directory + "/leftover.sqlite")
+        let raw = try makeStore(dbName: "leftover.sqlite")
         XCTAssertEqual(try raw.node(jobID: job.id, nodeID: "slow")?.state, .running, "the test needs a node left running")
         raw.close()
 
@@ -561,8 +559,7 @@ final class EngineTests: EngineTestCase {
     }
 
     func testRestartSettlesNodesLeftUnsettledUnderASettledParentOfAnUnfinishedJob() throws {
-        let path = directory + "/orphans.sqlite"
-        let store = try SQLiteJobStore(path: path)
+        let store = try makeStore(dbName: "orphans.sqlite")
         let body = #"{"graph":{"type":"list","fire_on_first_result":true,"cancel_remaining":false,"children":[{"type":"fetch","url":\#(u("/json"))},{"type":"fetch","url":\#(u("/hang"))}]}}"#
         try storeJob(store, id: "orphans", body, state: .running)
         var left = try store.nodes(jobID: "orphans", includeResults: true)
@@ -591,8 +588,7 @@ final class EngineTests: EngineTestCase {
     }
 
     func testAStoredJobThatCannotBeLoadedFailsAloneAndTheOthersResume() throws {
-        let path = directory + "/damaged.sqlite"
-        let store = try SQLiteJobStore(path: path)
+        let store = try makeStore(dbName: "damaged.sqlite")
         let good = #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))}]}}"#
         try storeJob(store, id: "a-good", good)
         try storeJob(store, id: "b-bad-request", good)
@@ -600,11 +596,9 @@ final class EngineTests: EngineTestCase {
         try storeJob(store, id: "d-bad-node", good, state: .running)
         try storeJob(store, id: "e-good", good)
         store.close()
-        let db = try SQLiteConnection(path: path, create: false)
-        try db.execute("UPDATE jobs SET request = '{\"graph\": [' WHERE id = 'b-bad-request'")
-        try db.execute("UPDATE jobs SET metadata = '{not json' WHERE id = 'c-bad-metadata'")
-        try db.execute("UPDATE nodes SET state = 'exploded' WHERE job_id = 'd-bad-node' AND position = 1")
-        db.close()
+        try executeRaw("UPDATE jobs SET request = '{\"graph\": [' WHERE id = 'b-bad-request'", dbName: "damaged.sqlite")
+        try executeRaw("UPDATE jobs SET metadata = '{not json' WHERE id = 'c-bad-metadata'", dbName: "damaged.sqlite")
+        try executeRaw("UPDATE nodes SET state = 'exploded' WHERE job_id = 'd-bad-node' AND position = 1", dbName: "damaged.sqlite")
 
         let engine = try makeEngine(dbName: "damaged.sqlite")
         for id in ["a-good", "e-good"] {

@@ -6,7 +6,7 @@ import XCTest
 
 /// A job accepted under some limits is rebuilt after a restart under lower ones (issue 10): through a real engine,
 /// a real SQLite file and real fetches to the local upstream.
-final class GraphRestartLimitsTests: EngineTestCase {
+class GraphRestartLimitsTests: EngineTestCase {
     private func url(_ path: String) -> String {
         "\"\(upstream.url(path))\""
     }
@@ -110,15 +110,14 @@ final class GraphRestartLimitsTests: EngineTestCase {
                 jobID: job.id, id: node.id, parent: node.parent.map { spec.graph.nodes[$0].id }, position: node.index,
                 type: node.typeName)
         }
-        let path = directory + "/deep.sqlite"
-        let store = try SQLiteJobStore(path: path)
+        let store = try makeStore(dbName: "deep.sqlite")
         guard case .created = try store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil) else {
             return XCTFail("the job was not created")
         }
         store.close()
 
         // A restart: the store reads the job back, and it is rebuilt under this run's default limits.
-        let reopened = try SQLiteJobStore(path: path)
+        let reopened = try makeStore(dbName: "deep.sqlite")
         defer { reopened.close() }
         let unfinished = try reopened.unfinishedJobs()
         XCTAssertEqual(unfinished.map(\.job.id), [job.id])

@@ -111,7 +111,7 @@ final class MapValidationTests: XCTestCase {
 }
 
 /// A `map` node run by the engine against the local upstream (API.md §7.1).
-final class MapEngineTests: EngineTestCase {
+class MapEngineTests: EngineTestCase {
     func u(_ path: String) -> String { upstream.url(path) }
 
     func submit(_ engine: Engine, _ body: String) throws -> JobRecord {
@@ -326,7 +326,7 @@ final class MapEngineTests: EngineTestCase {
         engine.shutdown(gracePeriodMs: 2000)
         engines.removeAll()
         // Read as stored, before any start could settle what was left over.
-        let store = try SQLiteJobStore(path: directory + "/jobs.sqlite")
+        let store = try makeStore()
         defer { store.close() }
         let stored = try store.nodes(jobID: job.id, includeResults: false)
         XCTAssertTrue(stored.allSatisfy { $0.state.isSettled }, "\(stored.filter { !$0.state.isSettled }.count) nodes stored unsettled")

@@ -5,7 +5,7 @@ import XCTest
 @testable import JobCore
 
 /// Paginated fetches (API.md §7.2) run by the engine against the upstream fixture's paged collections.
-final class PaginateEngineTests: EngineTestCase {
+class PaginateEngineTests: EngineTestCase {
     private func submit(_ engine: Engine, _ graph: String) throws -> JobRecord {
         let json = try JSONValue.parse(#"{"graph": \#(graph)}"#)
         switch try engine.submit(try JobSpec.parse(json), request: json, idempotencyKey: nil) {

@@ -5,7 +5,7 @@ import XCTest
 @testable import JobCore
 
 /// API.md §8 in the engine: `not_before` jobs wait in the store, concurrency keys, retry.
-final class ScheduleTests: EngineTestCase {
+class ScheduleTests: EngineTestCase {
     func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
 
     func submit(_ engine: Engine, _ body: String) throws -> JobRecord {

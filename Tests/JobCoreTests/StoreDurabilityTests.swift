@@ -11,7 +11,7 @@ import Glibc
 /// The child is this same test binary, started with an environment variable
 /// that makes `testChildWritesUntilKilled` do the writing; run normally, that
 /// test does nothing.
-final class StoreDurabilityTests: StoreTestCase {
+class StoreDurabilityTests: StoreTestCase {
     private static let childDatabase = "JOBSERVER_STORE_CHILD_DB"
     private static let childAcks = "JOBSERVER_STORE_CHILD_ACKS"
 
@@ -20,7 +20,8 @@ final class StoreDurabilityTests: StoreTestCase {
         guard let path = env[Self.childDatabase], let ackPath = env[Self.childAcks] else { return }
         let acks = open(ackPath, O_WRONLY | O_APPEND | O_CREAT, 0o644)
         guard acks >= 0 else { exit(3) }
-        let store = try SQLiteJobStore(path: path)
+        // The parent's store: a SQLite file, or a PostgreSQL database (`PostgresStoreDurabilityTests`).
+        let store: JobStore = path.hasPrefix("postgres://") ? try PostgresJobStore(url: path) : try SQLiteJobStore(path: path)
         func ack(_ line: String) {
             let bytes = Array((line + "\n").utf8)
             _ = bytes.withUnsafeBytes { write(acks, $0.baseAddress, $0.count) }
@@ -47,13 +48,16 @@ final class StoreDurabilityTests: StoreTestCase {
         exit(6)  // Never reached: the killer fires first.
     }
 
+    /// Where the child writes: this test's SQLite file.
+    func childStoreLocation() throws -> String { dbPath }
+
     func testJobsAnsweredBeforeAKillSurviveIt() throws {
         if ProcessInfo.processInfo.environment[Self.childDatabase] != nil { return }  // never recurse in the child
         let ackPath = folder + "/acks"
         let binary = CommandLine.arguments[0]
         let args = [binary, "JobCoreTests.StoreDurabilityTests/testChildWritesUntilKilled"]
         var environment = ProcessInfo.processInfo.environment
-        environment[Self.childDatabase] = dbPath
+        environment[Self.childDatabase] = try childStoreLocation()
         environment[Self.childAcks] = ackPath
         let envStrings = environment.map { "\($0.key)=\($0.value)" }
         var argv: [UnsafeMutablePointer<CChar>?] = args.map { strdup($0) } + [nil]
@@ -84,7 +88,7 @@ final class StoreDurabilityTests: StoreTestCase {
         let flushed = lines.filter { $0.hasPrefix("flushed ") }.map { String($0.dropFirst(8)) }
         XCTAssertGreaterThan(created.count, 20, "the child answered too few submissions to test anything")
 
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         for id in created {
             guard try store.job(id: id) != nil else { return XCTFail("answered job \(id) was lost") }

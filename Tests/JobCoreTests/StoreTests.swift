@@ -33,6 +33,12 @@ class StoreTestCase: XCTestCase {
         try SQLiteJobStore(path: path ?? dbPath)
     }
 
+    /// The store the store-agnostic tests run on: SQLite at `dbPath` here; `PostgresStoreTests` overrides it
+    /// (every store made within one test opens the same database).
+    func makeStore() throws -> JobStore {
+        try openStore()
+    }
+
     /// A job id that sorts by `n`, like the server's time-ordered ids.
     func jobID(_ n: Int) -> String {
         let digits = String(n)
@@ -55,7 +61,7 @@ class StoreTestCase: XCTestCase {
     }
 
     @discardableResult
-    func create(_ store: SQLiteJobStore, _ n: Int, state: NodeState = .pending, nodes: Int = 3, finishedAt: Int64? = nil) throws -> JobRecord {
+    func create(_ store: JobStore, _ n: Int, state: NodeState = .pending, nodes: Int = 3, finishedAt: Int64? = nil) throws -> JobRecord {
         let (job, nodeRecords) = makeJob(n, state: state, nodes: nodes, finishedAt: finishedAt)
         guard case .created(let stored) = try store.createJob(job, nodes: nodeRecords, idempotencyKey: nil, requestHash: nil) else {
             XCTFail("job \(n) not created")
@@ -87,9 +93,9 @@ final class FailureBox: @unchecked Sendable {
     var all: [String] { lock.lock(); defer { lock.unlock() }; return items }
 }
 
-final class StoreTests: StoreTestCase {
+class StoreTests: StoreTestCase {
     func testCreateAndReadBackEveryField() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         var progress = Progress()
         progress.total = 3
@@ -124,8 +130,27 @@ final class StoreTests: StoreTestCase {
         XCTAssertEqual(try store.nodes(jobID: "nope", includeResults: true), [])
     }
 
+    func testTextWithU0000AndQuotesRoundTrips() throws {
+        let store = try makeStore()
+        defer { store.close() }
+        var (job, nodes) = makeJob(1)
+        job.name = "a\u{0}b \"q\" \\ é"
+        job.concurrencyKey = "k\u{0}1"
+        guard case .created = try store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil) else {
+            return XCTFail("not created")
+        }
+        XCTAssertEqual(try store.job(id: job.id)?.name, job.name)
+        XCTAssertEqual(try store.job(id: job.id)?.concurrencyKey, "k\u{0}1")
+        XCTAssertEqual(try store.listJobs(state: nil, limit: 5, cursor: nil).jobs.first?.name, job.name)
+        job.name = "\u{0}"
+        job.version = 2
+        store.enqueue(jobs: [job], nodes: [], bodies: [])
+        try store.flush()
+        XCTAssertEqual(try store.jobWithoutRequest(id: job.id)?.name, "\u{0}")
+    }
+
     func testNullResultStaysDistinctFromNoResult() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         var (withNull, nodes1) = makeJob(1)
         withNull.result = .null
@@ -144,7 +169,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testIdempotencyKeyAnswersExistingOrConflict() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         let (first, nodes1) = makeJob(1)
         let (second, nodes2) = makeJob(2)
@@ -157,7 +182,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testConcurrentSubmissionsWithOneKeyCreateOneJob() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         let outcomes = FailureBox()
         onThreads(8) { i in
@@ -174,7 +199,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testDuplicateJobIDFailsWithConstraint() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         try create(store, 1)
         let (again, nodes) = makeJob(1)
@@ -186,7 +211,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testDuplicateNodePositionLeavesNoHalfWrittenJob() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         var (job, nodes) = makeJob(1)
         nodes[2].position = 1
@@ -198,7 +223,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testEnqueuedChangesAreVisibleAfterFlush() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         var job = try create(store, 1)
         var nodes = try store.nodes(jobID: job.id, includeResults: true)
@@ -230,7 +255,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testLaterChangeOfARecordWinsWithinABatch() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         var job = try create(store, 1)
         var nodes = try store.nodes(jobID: job.id, includeResults: true)
@@ -245,7 +270,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testChangesToDeletedOrUnknownJobsAreIgnored() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         let (ghost, ghostNodes) = makeJob(99)
         store.enqueue(jobs: [ghost], nodes: ghostNodes,
@@ -256,7 +281,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testChangesFromSeveralThreadsAreAllCommitted() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         for n in 0..<8 { try create(store, n) }
         onThreads(8) { n in
@@ -275,7 +300,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testConcurrentCreatesAreAllStored() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         onThreads(8) { t in
             for i in 0..<40 { try self.create(store, t * 1000 + i) }
@@ -285,7 +310,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testListIsNewestFirstWithStateFilterAndCursor() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         for n in 1...25 { try create(store, n, state: n % 3 == 0 ? .succeeded : .pending) }
         var seen: [String] = []
@@ -316,7 +341,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testBadCursorIsRefused() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         let outOfForm = ["", "x", "c", "c4", "c4g", "J0000000001", "cff", "c0a", "c1f", "c80", "C4a4a"]
         for cursor in outOfForm + ["c" + String(repeating: "41", count: 600)] {
@@ -327,7 +352,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testEveryCursorOfTheDocumentedFormStartsAPage() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         for n in 1...3 { try create(store, n) }
         // openapi.yaml: ^c([2-7][0-9a-f]){1,99}$. "c7f" sorts after every id, "c20" before every one.
@@ -336,7 +361,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testDeleteRemovesNodesAndBodies() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         let job = try create(store, 1)
         try create(store, 2)
@@ -352,7 +377,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testUnfinishedJobsComeOldestFirstWithTheirNodes() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         let states: [NodeState] = [.running, .succeeded, .pending, .failed, .cancelled, .running, .skipped]
         for (n, state) in states.enumerated() { try create(store, n, state: state, nodes: n + 1) }
@@ -370,7 +395,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testSweepDeletesOnlySettledJobsFinishedBefore() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         // More than one sweep chunk (500).
         for n in 0..<620 { try create(store, n, state: .succeeded, nodes: 1, finishedAt: 1000) }
@@ -385,7 +410,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testJobCountsCoverEveryState() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         try create(store, 1, state: .running)
         try create(store, 2, state: .running)
@@ -398,16 +423,21 @@ final class StoreTests: StoreTestCase {
     }
 
     func testReopenKeepsJobsAndSchemaVersion() throws {
-        var store: SQLiteJobStore? = try openStore()
+        var store: JobStore? = try makeStore()
         if let store {
             try create(store, 1)
             store.enqueue(jobs: [makeJob(1, state: .running).0], nodes: [], bodies: [])
             store.close()
         }
         store = nil
-        let reopened = try openStore()
+        let reopened = try makeStore()
         defer { reopened.close() }
         XCTAssertEqual(try reopened.job(id: jobID(1))?.state, .running, "close writes what was queued")
+        try assertSchemaIsCurrent()
+    }
+
+    /// The stored schema version is this code's.
+    func assertSchemaIsCurrent() throws {
         let raw = try SQLiteConnection(path: dbPath, create: false)
         defer { raw.close() }
         XCTAssertEqual(try StoreSchema.userVersion(raw), StoreSchema.currentVersion)
@@ -440,16 +470,16 @@ final class StoreTests: StoreTestCase {
     }
 
     func testCreatedJobIsVisibleToAnotherStoreOnTheSameFile() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         try create(store, 1)
-        let second = try openStore()
+        let second = try makeStore()
         defer { second.close() }
         XCTAssertEqual(try second.job(id: jobID(1))?.name, "job 1")
     }
 
     func testClosedStoreRefusesWork() throws {
-        let store = try openStore()
+        let store = try makeStore()
         store.close()
         store.close()
         XCTAssertThrowsError(try create(store, 1)) { XCTAssertEqual(($0 as? StoreError)?.kind, .closed) }
@@ -459,7 +489,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testReadsDoNotWaitForAWriter() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         try create(store, 1)
         // Another connection holds the write lock with uncommitted rows.
@@ -473,7 +503,7 @@ final class StoreTests: StoreTestCase {
     }
 
     func testReadsRunConcurrentlyWithWrites() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         try create(store, 0)
         let reads = FailureBox()
@@ -503,7 +533,7 @@ final class StoreTests: StoreTestCase {
     }
 }
 
-final class StoreFailureTests: StoreTestCase {
+class StoreFailureTests: StoreTestCase {
     func testWritesFailWhileAnotherProcessHoldsTheLockAndRecoverAfter() throws {
         let store = try SQLiteJobStore(path: dbPath, logger: .disabled, busyTimeoutMs: 100)
         defer { store.close() }
@@ -533,7 +563,7 @@ final class StoreFailureTests: StoreTestCase {
     }
 
     func testOneBadSubmissionInABatchFailsAlone() throws {
-        let store = try openStore()
+        let store = try makeStore()
         defer { store.close() }
         try create(store, 0)
         let results = FailureBox()

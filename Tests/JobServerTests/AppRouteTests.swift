@@ -7,7 +7,7 @@ import XCTest
 @testable import JobServer
 
 /// The routes of API.md §2 and the errors of §3, called without sockets over a real engine.
-final class AppRouteTests: XCTestCase {
+class AppRouteTests: XCTestCase {
     private var upstream: Upstream!
     private var harness: AppHarness!
 

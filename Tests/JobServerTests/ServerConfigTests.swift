@@ -134,13 +134,19 @@ final class ServerConfigTests: XCTestCase {
         }
     }
 
+    func testAPostgresURLSelectsThePostgresStore() throws {
+        let flag = try serve(["--db", "postgres://u@127.0.0.1/jobs"])
+        XCTAssertTrue(flag.usesPostgres)
+        XCTAssertEqual(flag.dbPath, "postgres://u@127.0.0.1/jobs")
+        XCTAssertTrue(try serve([], env: ["JOBSERVER_DB": "postgresql://u@127.0.0.1/jobs"]).usesPostgres)
+        XCTAssertFalse(try serve(["--db", "/tmp/postgres/jobs.sqlite"]).usesPostgres)
+    }
+
     func testBadValuesAreRefusedNamingTheFlag() {
         assertRefused(["--port", "65536"], mentioning: "--port")
         assertRefused(["--port", "http"], mentioning: "--port")
         assertRefused(["--max-nodes", "0"], mentioning: "--max-nodes")
         assertRefused(["--max-depth", "-3"], mentioning: "--max-depth")
-        assertRefused(["--db", "postgres://u@127.0.0.1/jobs"], mentioning: "PostgreSQL is not supported yet")
-        assertRefused([], env: ["JOBSERVER_DB": "postgresql://u@127.0.0.1/jobs"], mentioning: "PostgreSQL")
         assertRefused(["--request-timeout", "0"], mentioning: "--request-timeout")
         assertRefused(["--request-timeout", "30"], mentioning: "--request-timeout")
         assertRefused(["--max-per-host", "1e3"], mentioning: "--max-per-host")

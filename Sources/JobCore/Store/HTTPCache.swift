@@ -28,13 +28,39 @@ public final class HTTPCache: @unchecked Sendable {
         case absent
     }
 
-    /// Opens the cache in the store's file, which the store has already migrated.
+    /// The table, created by the SQLite store's migration 7 or, for a cache kept in memory, at open. One response
+    /// per GET URL, the request's values of its Vary fields beside it; `last_used` is a sequence number, the least
+    /// recently used goes first.
+    static let schema = """
+        CREATE TABLE IF NOT EXISTS http_cache (
+            key TEXT NOT NULL PRIMARY KEY,
+            vary_key TEXT NOT NULL,
+            status INTEGER NOT NULL,
+            url TEXT NOT NULL,
+            http_version TEXT,
+            request_time INTEGER NOT NULL,
+            response_time INTEGER NOT NULL,
+            last_used INTEGER NOT NULL,
+            size INTEGER NOT NULL,
+            headers TEXT NOT NULL,
+            body BLOB NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS http_cache_last_used ON http_cache (last_used);
+        """
+
+    /// Opens the cache in the SQLite store's file at `path`, which the store has already migrated, or, with `path`
+    /// nil, in memory (a store that is not SQLite: the cache is then this server's own and starts empty).
     /// - Parameters:
     ///   - capacityBytes: `--cache-bytes`; a response larger than this is never stored.
     ///   - now: the wall clock in ms since the epoch (tests pass their own).
     /// - Throws: `StoreError` when the file cannot be opened or read.
-    public init(path: String, capacityBytes: Int, now: @escaping @Sendable () -> Int64 = { Timestamp.nowMs() }) throws {
-        connection = try SQLiteConnection(path: path, create: false)
+    public init(path: String?, capacityBytes: Int, now: @escaping @Sendable () -> Int64 = { Timestamp.nowMs() }) throws {
+        if let path {
+            connection = try SQLiteConnection(path: path, create: false)
+        } else {
+            connection = try SQLiteConnection(path: ":memory:", create: true)
+            try connection.execute(Self.schema)
+        }
         self.capacityBytes = max(0, capacityBytes)
         self.now = now
         try connection.execute("PRAGMA journal_mode = WAL")

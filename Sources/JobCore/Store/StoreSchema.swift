@@ -128,24 +128,8 @@ enum StoreSchema {
             PRIMARY KEY (job_id, node_id)
         ) WITHOUT ROWID;
         """,
-        // 7: the private HTTP cache of `cache: "use"` fetches (API.md §9): one response per GET URL, the request's
-        // values of its Vary fields beside it; `last_used` is a sequence number, the least recently used goes first.
-        """
-        CREATE TABLE IF NOT EXISTS http_cache (
-            key TEXT NOT NULL PRIMARY KEY,
-            vary_key TEXT NOT NULL,
-            status INTEGER NOT NULL,
-            url TEXT NOT NULL,
-            http_version TEXT,
-            request_time INTEGER NOT NULL,
-            response_time INTEGER NOT NULL,
-            last_used INTEGER NOT NULL,
-            size INTEGER NOT NULL,
-            headers TEXT NOT NULL,
-            body BLOB NOT NULL
-        );
-        CREATE INDEX IF NOT EXISTS http_cache_last_used ON http_cache (last_used);
-        """,
+        // 7: the private HTTP cache of `cache: "use"` fetches (API.md §9), `HTTPCache.schema`.
+        HTTPCache.schema,
     ]
 
     /// The version a fully migrated database has.

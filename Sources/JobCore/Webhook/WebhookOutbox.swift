@@ -38,21 +38,20 @@ public struct WebhookStats: Sendable, Equatable {
 /// a row is `pending` until an answer in 2xx or until `retryForMs` after the settle, so a delivery cut short by a
 /// crash is made again after the restart: at least once.
 public final class WebhookOutbox: @unchecked Sendable {
-    // @unchecked: `connection`, `inFlight`, `timer` and `stopped` are touched only on `queue`; `readConnection` only with
-    // `readLock` held; `stats` is a Mutex; the rest is immutable.
-    private let path: String
+    // @unchecked: `database` is set on `queue` and read with `readLock` held; `inFlight`, `timer` and `stopped` are
+    // touched only on `queue`; `stats` is a Mutex; the rest is immutable.
+    private let openDatabase: @Sendable () throws -> WebhookOutboxDatabase
     private let fetcher: Fetcher
     private let store: JobStore
     private let configuration: WebhookConfiguration
     private let logger: Logger
     private let render: @Sendable (JobRecord) -> [UInt8]
     private let queue = DispatchQueue(label: "jobserver.webhooks")
-    private var connection: SQLiteConnection?
     private var inFlight: Set<String> = []
     private var timer: DispatchSourceTimer?
     private var stopped = false
     private let readLock = NSLock()
-    private var readConnection: SQLiteConnection?
+    private var database: WebhookOutboxDatabase?
     private let counters = Mutex(WebhookStats())
     /// Called with a job's id after its delivery state changed (the engine drops its cached answer).
     private let onChange: @Sendable (String) -> Void
@@ -62,11 +61,21 @@ public final class WebhookOutbox: @unchecked Sendable {
     ///   - store: read for the job to send.
     ///   - render: the body of a delivery: the job object without `result`.
     ///   - onChange: told of each job whose delivery state changed.
-    public init(
+    public convenience init(
         path: String, store: JobStore, fetcher: Fetcher, configuration: WebhookConfiguration, logger: Logger,
         render: @escaping @Sendable (JobRecord) -> [UInt8], onChange: @escaping @Sendable (String) -> Void
     ) {
-        self.path = path
+        self.init(
+            database: { try SQLiteWebhookOutboxDatabase(path: path) }, store: store, fetcher: fetcher,
+            configuration: configuration, logger: logger, render: render, onChange: onChange)
+    }
+
+    /// As `init(path:…)`, on the outbox table `database` opens (the PostgreSQL store's, or SQLite's).
+    public init(
+        database: @escaping @Sendable () throws -> WebhookOutboxDatabase, store: JobStore, fetcher: Fetcher, configuration: WebhookConfiguration, logger: Logger,
+        render: @escaping @Sendable (JobRecord) -> [UInt8], onChange: @escaping @Sendable (String) -> Void
+    ) {
+        self.openDatabase = database
         self.store = store
         self.fetcher = fetcher
         self.configuration = configuration
@@ -78,12 +87,10 @@ public final class WebhookOutbox: @unchecked Sendable {
     /// Opens the outbox and starts delivering what is due, the deliveries a restart left pending first.
     /// - Throws: `StoreError` when the file cannot be opened.
     public func start() throws {
-        let writer = try SQLiteConnection(path: path, create: false, busyTimeoutMs: 5000)
-        let reader = try SQLiteConnection(path: path, create: false, busyTimeoutMs: 5000)
-        readLock.withLock { readConnection = reader }
+        let database = try openDatabase()
+        readLock.withLock { self.database = database }
         let interval = max(10, configuration.pollIntervalMs)
         queue.sync {
-            connection = writer
             let timer = DispatchSource.makeTimerSource(queue: queue)
             timer.schedule(deadline: .now(), repeating: .milliseconds(interval))
             timer.setEventHandler { [weak self] in self?.deliverDue() }
@@ -98,13 +105,12 @@ public final class WebhookOutbox: @unchecked Sendable {
             stopped = true
             timer?.cancel()
             timer = nil
-            connection?.close()
-            connection = nil
         }
-        readLock.withLock {
-            readConnection?.close()
-            readConnection = nil
+        let database = readLock.withLock { () -> WebhookOutboxDatabase? in
+            defer { self.database = nil }
+            return self.database
         }
+        database?.close()
     }
 
     /// Counts by outcome.
@@ -113,19 +119,9 @@ public final class WebhookOutbox: @unchecked Sendable {
     /// The delivery state the job object shows; `nil` for a job that asked for no webhook. Reads the outbox: for a
     /// read queue, not an event loop.
     public func status(jobID: String) -> NotifyStatus? {
-        readLock.withLock {
-            guard let connection = readConnection,
-                let statement = try? connection.prepare(
-                    "SELECT state, attempts, last_status FROM webhook_outbox WHERE job_id = ?1")
-            else { return nil }
-            defer { statement.reset() }
-            statement.bind(1, jobID)
-            guard (try? statement.step()) == true else { return nil }
-            let state = statement.string(0) ?? "pending"
-            return NotifyStatus(
-                state: state == "waiting" ? "pending" : state, attempts: statement.int(1),
-                lastStatus: statement.optionalInt(2))
-        }
+        guard let row = readLock.withLock({ database })?.status(jobID: jobID) else { return nil }
+        return NotifyStatus(
+            state: row.state == "waiting" ? "pending" : row.state, attempts: row.attempts, lastStatus: row.lastStatus)
     }
 
     // MARK: - On the queue
@@ -139,21 +135,13 @@ public final class WebhookOutbox: @unchecked Sendable {
     }
 
     private func deliverDue() {
-        guard !stopped, let connection else { return }
+        guard !stopped, let database = readLock.withLock({ database }) else { return }
         let now = Timestamp.nowMs()
         var due: [Due] = []
         do {
-            let statement = try connection.prepare(
-                "SELECT job_id, url, delivery, attempts, settled_at FROM webhook_outbox "
-                    + "WHERE state = 'pending' AND next_attempt_at <= ?1 ORDER BY next_attempt_at LIMIT 256")
-            defer { statement.reset() }
-            statement.bind(1, now)
-            while try statement.step() {
-                guard let jobID = statement.string(0), let url = statement.string(1), let delivery = statement.string(2)
-                else { continue }
-                if inFlight.contains(delivery) { continue }
-                due.append(Due(jobID: jobID, url: url, delivery: delivery, attempts: statement.int(3),
-                               settledAt: statement.optionalInt64(4) ?? now))
+            for row in try database.due(nowMs: now, limit: 256) where !inFlight.contains(row.delivery) {
+                due.append(Due(jobID: row.jobID, url: row.url, delivery: row.delivery, attempts: row.attempts,
+                               settledAt: row.settledAt ?? now))
             }
         } catch {
             logger.error("webhook outbox could not be read", ["error": .string("\(error)")])
@@ -227,13 +215,9 @@ public final class WebhookOutbox: @unchecked Sendable {
 
     /// Drops the row of a job that no longer exists, counted as failed.
     private func forget(_ item: Due) {
-        guard let connection else { return }
+        guard let database = readLock.withLock({ database }) else { return }
         do {
-            let statement = try connection.prepare("DELETE FROM webhook_outbox WHERE job_id = ?1 AND delivery = ?2")
-            defer { statement.reset() }
-            statement.bind(1, item.jobID)
-            statement.bind(2, item.delivery)
-            try statement.run()
+            try database.delete(jobID: item.jobID, delivery: item.delivery)
         } catch {
             logger.error("webhook row could not be deleted", ["job": .string(item.jobID), "error": .string("\(error)")])
             return
@@ -244,19 +228,11 @@ public final class WebhookOutbox: @unchecked Sendable {
 
     /// Writes one attempt's outcome, unless the job settled again meanwhile (a new delivery replaced this one).
     private func record(_ item: Due, state: String, status: Int?, error: String?, nextAttemptAt: Int64?) {
-        guard let connection else { return }
+        guard let database = readLock.withLock({ database }) else { return }
         do {
-            let statement = try connection.prepare(
-                "UPDATE webhook_outbox SET state = ?3, attempts = attempts + 1, last_status = ?4, last_error = ?5, "
-                    + "next_attempt_at = ?6 WHERE job_id = ?1 AND delivery = ?2")
-            defer { statement.reset() }
-            statement.bind(1, item.jobID)
-            statement.bind(2, item.delivery)
-            statement.bind(3, state)
-            statement.bind(4, status)
-            statement.bind(5, error)
-            statement.bind(6, nextAttemptAt)
-            try statement.run()
+            try database.record(
+                jobID: item.jobID, delivery: item.delivery, state: state, status: status, error: error,
+                nextAttemptAt: nextAttemptAt)
         } catch {
             logger.error("webhook outcome could not be written", ["job": .string(item.jobID), "error": .string("\(error)")])
             return

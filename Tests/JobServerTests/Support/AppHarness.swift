@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import JobCore
+import TestSupport
 import XCTest
 
 @testable import JobServer
@@ -34,8 +35,27 @@ struct Answer {
     var text: String { String(decoding: body, as: UTF8.self) }
 }
 
-/// An `App` over a real engine (SQLite store in a temp folder, real fetcher), called
-/// route by route without sockets.
+/// Where `AppHarness` puts its store while a PostgreSQL test class runs (`PostgresAppRouteTests`): a database of
+/// that class's throwaway cluster per SQLite path the harness was given, so that a harness made again on the same
+/// path (a restart) finds the same data.
+final class HarnessPostgres: @unchecked Sendable {
+    // @unchecked: set by a class `setUp` and used by that class's tests, which XCTest runs one at a time.
+    nonisolated(unsafe) static var current: HarnessPostgres?
+    let cluster: PostgresCluster
+    private var databases: [String: String] = [:]
+
+    init(cluster: PostgresCluster) { self.cluster = cluster }
+
+    func database(for path: String) throws -> String {
+        if let url = databases[path] { return url }
+        let url = try cluster.freshDatabase()
+        databases[path] = url
+        return url
+    }
+}
+
+/// An `App` over a real engine (SQLite store in a temp folder, or PostgreSQL while `HarnessPostgres.current` is
+/// set; real fetcher), called route by route without sockets.
 final class AppHarness {
     let dir: URL
     let engine: Engine
@@ -53,10 +73,16 @@ final class AppHarness {
         config.dbPath = dir.appendingPathComponent("jobs.sqlite").path
         config.denyCIDRs = []
         configure(&config)
+        if let postgres = HarnessPostgres.current { config.dbPath = try postgres.database(for: config.dbPath) }
         self.config = config
         let logs = logs
         let logger = Logger(label: "test", minimumLevel: .info) { logs.append($0) }
-        let store = try SQLiteJobStore(path: config.dbPath, logger: logger)
+        let store: JobStore
+        if HarnessPostgres.current != nil {
+            store = try PostgresJobStore(url: config.dbPath, logger: logger)
+        } else {
+            store = try SQLiteJobStore(path: config.dbPath, logger: logger)
+        }
         fetcher = try Fetcher(configuration: config.fetcherConfiguration)
         engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
             renderSettled: Presentation.jobBytes)

@@ -51,7 +51,7 @@ public final class PostgresConnection {
     /// Connects with a `postgres://` URL or a `key=value` connection string.
     /// - Throws: `StoreError` of kind `open` with libpq's reason (the password is never part of it).
     public init(url: String) throws {
-        guard let connection = PQconnectdb(url) else { throw StoreError(.open, "libpq could not allocate a connection") }
+        guard let connection = Self.connect(url) else { throw StoreError(.open, "libpq could not allocate a connection") }
         guard PQstatus(connection) == CONNECTION_OK else {
             let reason = Self.trimmed(PQerrorMessage(connection))
             PQfinish(connection)
@@ -63,6 +63,27 @@ public final class PostgresConnection {
     }
 
     deinit { close() }
+
+    /// Seconds a connection attempt may take unless the URL says otherwise: libpq's default is to wait for ever,
+    /// which would hold the store's writer (and every submission behind it) on an unreachable host.
+    static let defaultConnectTimeoutSeconds = "10"
+
+    /// `PQconnectdbParams` with `connect_timeout` before the URL, so that a `connect_timeout` in the URL wins.
+    private static func connect(_ url: String) -> OpaquePointer? {
+        let keywords = ["connect_timeout", "dbname"]
+        let values = [defaultConnectTimeoutSeconds, url]
+        var keywordPointers: [UnsafePointer<CChar>?] = []
+        var valuePointers: [UnsafePointer<CChar>?] = []
+        let copies = (keywords + values).map { strdup($0) }
+        defer { copies.forEach { free($0) } }
+        for i in 0..<keywords.count {
+            keywordPointers.append(UnsafePointer(copies[i]))
+            valuePointers.append(UnsafePointer(copies[keywords.count + i]))
+        }
+        keywordPointers.append(nil)
+        valuePointers.append(nil)
+        return PQconnectdbParams(keywordPointers, valuePointers, 1)
+    }
 
     public func close() {
         if let raw { PQfinish(raw) }

@@ -1,0 +1,458 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The `JobStore` on a PostgreSQL database (API.md §10), with the SQLite store's semantics.
+///
+/// **Writes.** One writer thread owns the only writing connection and the same queue as `SQLiteJobStore`
+/// (`WriteQueue`, `WriteOp`): it takes everything queued at once and commits it in one transaction with
+/// statements prepared once per connection (group commit); callers that need an answer wait for the commit
+/// that includes their rows, `flush(completion)` is answered from the writer thread after it.
+///
+/// **Durability.** A batch holding a `createJob` commits with `synchronous_commit` on (the server's WAL is
+/// flushed before `COMMIT` returns): a `201` promises the job survives anything. Other batches commit with
+/// `SET LOCAL synchronous_commit = off`, which survives the death of this process (the commit is in the
+/// server) but not a crash of PostgreSQL's machine within its WAL writer delay — the contract SQLite's
+/// `synchronous=NORMAL` gives state changes, which recovery redoes.
+///
+/// **Failures.** A write that fails for lack of a resource (the server unreachable or shutting down, disk full,
+/// a serialization failure: `StoreError.isResourceFailure` after `PostgresConnection`'s SQLSTATE mapping) keeps
+/// the state changes and retries them with the SQLite writer's doubling delay; the store is degraded meanwhile
+/// and refuses new work at once. A lost connection is opened again by the next attempt.
+///
+/// **Reads** borrow connections from a small pool; reads that need one snapshot run in a
+/// `REPEATABLE READ READ ONLY` transaction.
+public final class PostgresJobStore: JobStore, @unchecked Sendable {
+    // @unchecked: `closed` is read and written only under `closeMonitor`; the rest is immutable or thread-safe
+    // (the queue and pool have their own locks, the writer runs on its own thread).
+    private let logger: Logger
+    private let queue: WriteQueue
+    let readers: PostgresReaderPool
+    private let writerThread: StoreThread
+    private let writerStatus: WriterStatus
+    private let closeMonitor = StoreMonitor()
+    private var closed = false
+
+    /// Connects (a `postgres://` URL or libpq connection string) and migrates.
+    /// - Throws: `StoreError` of kind `open` (with libpq's reason) or `migrate`.
+    public init(url: String, logger: Logger = .disabled) throws {
+        self.logger = logger
+        let connection = try PostgresConnection(url: url)
+        do {
+            try PostgresSchema.migrate(connection, logger: logger)
+            try Self.claimDatabase(connection)
+        } catch {
+            connection.close()
+            throw error
+        }
+        let queue = WriteQueue()
+        let writer = PostgresStoreWriter(connection: connection, logger: logger)
+        self.queue = queue
+        self.writerStatus = writer.status
+        self.readers = PostgresReaderPool(url: url)
+        self.writerThread = try StoreThread { writer.run(queue) }
+        logger.debug("store opened", ["database": .string("postgresql")])
+    }
+
+    deinit { close() }
+
+    /// Any fixed number, the same for every server: the key of the session advisory lock a store holds on its
+    /// database for as long as its writer's connection lives.
+    static let ownerLockKey = 7_300_013
+
+    /// Takes the database for this store alone: several servers on one database would each resume the other's
+    /// unfinished jobs at start (there are no leases yet), so a second one is refused. The lock goes with the
+    /// writer's session, so a server killed with `kill -9` frees it as soon as PostgreSQL sees its connection close.
+    /// A server restarted right after a `kill -9` may find the lock still held for a moment, by the dead server's
+    /// backend not yet gone: it tries for up to 3 s.
+    private static func claimDatabase(_ connection: PostgresConnection) throws {
+        for attempt in 0..<30 {
+            let rows = try connection.query("SELECT pg_try_advisory_lock($1)", [.int(ownerLockKey)])
+            if rows.rows.first?.first == "t" { return }
+            if attempt < 29 { usleep(100_000) }
+        }
+        throw StoreError(
+            .open,
+            "another jobserver is using this database (it holds advisory lock \(ownerLockKey)); "
+                + "several servers on one PostgreSQL database are not supported yet")
+    }
+
+    // MARK: Writes
+
+    public func createJob(
+        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?
+    ) throws -> CreateOutcome {
+        let ticket = WriteTicket<CreateOutcome>()
+        let request = CreateRequest(job: job, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash)
+        guard queue.push(.create(request, ticket)) else { throw StoreError(.closed, "store is closed") }
+        return try ticket.wait()
+    }
+
+    public func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)]) {
+        if jobs.isEmpty && nodes.isEmpty && bodies.isEmpty { return }
+        let changes = Changes(
+            jobs: jobs, nodes: nodes, bodies: bodies.map { BodyChange(jobID: $0.jobID, nodeID: $0.nodeID, body: $0.body) })
+        if !queue.push(.changes(changes)) {
+            logger.warning("store is closed; state changes dropped", ["jobs": .int(jobs.count), "nodes": .int(nodes.count)])
+        }
+    }
+
+    public func flush() throws {
+        let ticket = WriteTicket<Void>()
+        guard queue.push(.barrier(ticket)) else { throw StoreError(.closed, "store is closed") }
+        try ticket.wait()
+    }
+
+    public func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
+        let ticket = WriteTicket<Void>(onComplete: completion)
+        if !queue.push(.barrier(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+    }
+
+    public func waitUntilCommitted() throws {
+        let ticket = WriteTicket<Void>()
+        guard queue.push(.committed(ticket)) else { throw StoreError(.closed, "store is closed") }
+        try ticket.wait()
+    }
+
+    public var health: StoreHealth { writerStatus.health }
+
+    public func deleteJob(id: String) throws -> Bool {
+        let ticket = WriteTicket<Bool>()
+        guard queue.push(.delete(id, ticket)) else { throw StoreError(.closed, "store is closed") }
+        return try ticket.wait()
+    }
+
+    /// Deletes settled jobs finished before `finishedBeforeMs`, 500 per transaction.
+    public func sweep(finishedBeforeMs: Int64) throws -> Int {
+        let chunk = 500
+        var total = 0
+        while true {
+            let ticket = WriteTicket<Int>()
+            guard queue.push(.sweep(before: finishedBeforeMs, limit: chunk, ticket)) else {
+                throw StoreError(.closed, "store is closed")
+            }
+            let deleted = try ticket.wait()
+            total += deleted
+            if deleted < chunk { return total }
+        }
+    }
+
+    public func expandMap(_ expansion: MapExpansionRecord, _ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
+        let ticket = WriteTicket<Void>(onComplete: completion)
+        if !queue.push(.expand(expansion, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+    }
+
+    public func close() {
+        closeMonitor.lock()
+        let wasClosed = closed
+        closed = true
+        closeMonitor.unlock()
+        if wasClosed { return }
+        queue.close()
+        writerThread.join()
+        readers.close()
+        logger.debug("store closed", ["database": .string("postgresql")])
+    }
+
+    // MARK: Reads
+
+    public func job(id: String) throws -> JobRecord? {
+        try readers.with { db in
+            let rows = try db.run(prepared: "job", "SELECT \(PGRows.job) FROM jobs WHERE id = $1", [.text(id)])
+            return try PGRows.rows(rows).first.map { try PGRows.job($0) }
+        }
+    }
+
+    public func jobWithoutRequest(id: String) throws -> JobRecord? {
+        try readers.with { db in
+            let rows = try db.run(prepared: "job", "SELECT \(PGRows.job) FROM jobs WHERE id = $1", [.text(id)])
+            return try PGRows.rows(rows).first.map { try PGRows.job($0, shown: true) }
+        }
+    }
+
+    public func jobState(id: String) throws -> NodeState? {
+        try readers.with { db in
+            let rows = try db.run(prepared: "job_state", "SELECT state FROM jobs WHERE id = $1", [.text(id)])
+            guard let row = PGRows.rows(rows).first else { return nil }
+            return try PGRows.state(row, 0)
+        }
+    }
+
+    public func listJobs(state: NodeState?, limit: Int, cursor: String?) throws -> JobPage {
+        let after = try cursor.map(JobCursor.decode)
+        guard limit > 0 else { return JobPage(jobs: [], nextCursor: nil) }
+        var sql = "SELECT \(PGRows.listedJob) FROM jobs"
+        var parameters: [PostgresParameter] = []
+        var conditions: [String] = []
+        if let state {
+            parameters.append(.text(state.rawValue))
+            conditions.append("state = $\(parameters.count)")
+        }
+        if let after {
+            parameters.append(.text(after))
+            conditions.append("id < $\(parameters.count)")
+        }
+        if !conditions.isEmpty { sql += " WHERE " + conditions.joined(separator: " AND ") }
+        parameters.append(.int(Int64(min(limit, Int(Int32.max))) + 1))
+        sql += " ORDER BY id DESC LIMIT $\(parameters.count)"
+        return try readers.with { db in
+            let rows = PGRows.rows(try db.run(prepared: "list_\(state != nil)_\(after != nil)", sql, parameters))
+            var jobs: [JobRecord] = []
+            jobs.reserveCapacity(min(limit, rows.count))
+            for row in rows.prefix(limit) { jobs.append(try PGRows.job(row)) }
+            let next = rows.count > limit ? jobs.last.map { JobCursor.encode($0.id) } : nil
+            return JobPage(jobs: jobs, nextCursor: next)
+        }
+    }
+
+    public func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord] {
+        let columns = includeResults ? PGRows.node : PGRows.nodeWithoutResult
+        return try readers.with { db in
+            let rows = try db.run(
+                prepared: "nodes_\(includeResults)", "SELECT \(columns) FROM nodes WHERE job_id = $1 ORDER BY position",
+                [.text(jobID)])
+            return try PGRows.rows(rows).map(PGRows.node)
+        }
+    }
+
+    public func node(jobID: String, nodeID: String) throws -> NodeRecord? {
+        try readers.with { db in
+            let rows = try db.run(
+                prepared: "node", "SELECT \(PGRows.node) FROM nodes WHERE job_id = $1 AND id = $2",
+                [.text(jobID), .text(nodeID)])
+            return try PGRows.rows(rows).first.map(PGRows.node)
+        }
+    }
+
+    public func body(jobID: String, nodeID: String) throws -> StoredBody? {
+        try readers.with { db in
+            let rows = try db.run(
+                prepared: "body", "SELECT content_type, bytes FROM bodies WHERE job_id = $1 AND node_id = $2",
+                [.text(jobID), .text(nodeID)])
+            guard let row = PGRows.rows(rows).first else { return nil }
+            guard let hex = row.string(1), let bytes = PostgresRows.bytes(fromHex: hex) else {
+                throw StoreError(.corrupt, "stored body of \(jobID)/\(nodeID) is not bytea")
+            }
+            return StoredBody(contentType: row.string(0), bytes: bytes)
+        }
+    }
+
+    private static let unfinished = "('\(NodeState.pending.rawValue)', '\(NodeState.running.rawValue)')"
+
+    public func unfinishedJobs(unreadable: inout [UnreadableJob]) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
+        var skipped: [UnreadableJob] = []
+        defer { unreadable.append(contentsOf: skipped) }
+        return try readers.snapshot { db in
+            let jobRows = PGRows.rows(
+                try db.execute(
+                    "SELECT \(PGRows.job) FROM jobs WHERE state IN \(Self.unfinished) AND due_at IS NULL ORDER BY id"))
+            var jobs: [JobRecord] = []
+            for row in jobRows {
+                do {
+                    jobs.append(try PGRows.job(row))
+                } catch let error as StoreError {
+                    if let partial = PGRows.partialJob(row) { skipped.append(UnreadableJob(job: partial, error: error)) }
+                }
+            }
+            if jobs.isEmpty { return [] }
+            let nodeRows = PGRows.rows(
+                try db.execute(
+                    "SELECT \(PGRows.prefixed("n", PGRows.node)) FROM jobs j JOIN nodes n ON n.job_id = j.id "
+                        + "WHERE j.state IN \(Self.unfinished) AND j.due_at IS NULL ORDER BY n.job_id, n.position"))
+            var byJob: [String: [NodeRecord]] = [:]
+            var badNodes: [String: StoreError] = [:]
+            for row in nodeRows {
+                do {
+                    let node = try PGRows.node(row)
+                    byJob[node.jobID, default: []].append(node)
+                } catch let error as StoreError {
+                    if let jobID = row.string(0) { badNodes[jobID] = error }
+                }
+            }
+            if !badNodes.isEmpty {
+                for job in jobs { if let error = badNodes[job.id] { skipped.append(UnreadableJob(job: job, error: error)) } }
+                jobs.removeAll { badNodes[$0.id] != nil }
+            }
+            return jobs.map { (job: $0, nodes: byJob[$0.id] ?? []) }
+        }
+    }
+
+    public func unsettledNodesOfSettledJobs() throws -> [NodeRecord] {
+        try readers.with { db in
+            let rows = try db.execute(
+                "SELECT \(PGRows.prefixed("n", PGRows.node)) FROM jobs j JOIN nodes n ON n.job_id = j.id "
+                    + "WHERE j.state NOT IN \(Self.unfinished) AND (j.p_pending > 0 OR j.p_running > 0) "
+                    + "AND n.state IN \(Self.unfinished) ORDER BY n.job_id, n.position")
+            // A node that cannot be read cannot be repaired either; the others still are.
+            return PGRows.rows(rows).compactMap { try? PGRows.node($0) }
+        }
+    }
+
+    public func jobCounts() throws -> [NodeState: Int] {
+        try readers.with { db in
+            var counts: [NodeState: Int] = [:]
+            for state in NodeState.allCases { counts[state] = 0 }
+            for row in PGRows.rows(try db.execute("SELECT state, count(*) FROM jobs GROUP BY state")) {
+                counts[try PGRows.state(row, 0)] = row.int(1)
+            }
+            return counts
+        }
+    }
+
+    public func settledJobCounts(finishedBeforeMs: Int64) throws -> [NodeState: Int] {
+        try readers.with { db in
+            let rows = try db.run(
+                prepared: "settled_counts",
+                "SELECT state, count(*) FROM jobs WHERE finished_at < $1 AND state NOT IN \(Self.unfinished) GROUP BY state",
+                [.int(finishedBeforeMs)])
+            var counts: [NodeState: Int] = [:]
+            for row in PGRows.rows(rows) { counts[try PGRows.state(row, 0)] = row.int(1) }
+            return counts
+        }
+    }
+
+    public func dueJobs(
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, unreadable: inout [UnreadableJob]
+    ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
+        var skipped: [UnreadableJob] = []
+        defer { unreadable.append(contentsOf: skipped) }
+        return try readers.snapshot { db in
+            let jobRows = PGRows.rows(
+                try db.run(
+                    prepared: "due_jobs",
+                    "SELECT \(PGRows.job) FROM jobs WHERE due_at IS NOT NULL AND due_at <= $1 "
+                        + "AND (due_at > $3 OR (due_at = $3 AND id > $4)) ORDER BY due_at, id LIMIT $2",
+                    [.int(atOrBeforeMs), .int(max(1, limit)), .int(after?.dueAt ?? Int64.min), .text(after?.id ?? "")]))
+            var found: [(job: JobRecord, nodes: [NodeRecord])] = []
+            for row in jobRows {
+                let job: JobRecord
+                do {
+                    job = try PGRows.job(row)
+                } catch let error as StoreError {
+                    if let partial = PGRows.partialJob(row) { skipped.append(UnreadableJob(job: partial, error: error)) }
+                    continue
+                }
+                do {
+                    let nodeRows = try db.run(
+                        prepared: "nodes_true", "SELECT \(PGRows.node) FROM nodes WHERE job_id = $1 ORDER BY position",
+                        [.text(job.id)])
+                    found.append((job, try PGRows.rows(nodeRows).map(PGRows.node)))
+                } catch let error as StoreError where error.kind == .corrupt {
+                    skipped.append(UnreadableJob(job: job, error: error))
+                }
+            }
+            return found
+        }
+    }
+
+    public func nextDueAt(after afterMs: Int64) throws -> Int64? {
+        try readers.with { db in
+            let rows = try db.run(prepared: "next_due", "SELECT min(due_at) FROM jobs WHERE due_at > $1", [.int(afterMs)])
+            return PGRows.rows(rows).first?.optionalInt64(0)
+        }
+    }
+
+    public func scheduledJobCount() throws -> Int {
+        try readers.with { db in
+            PGRows.rows(try db.execute("SELECT count(*) FROM jobs WHERE due_at IS NOT NULL")).first?.int(0) ?? 0
+        }
+    }
+
+    public func mapExpansions(jobID: String) throws -> [MapExpansionRecord] {
+        try readers.with { db in
+            let rows = try db.run(
+                prepared: "map_items",
+                "SELECT node_id, first_position, items FROM map_items WHERE job_id = $1 ORDER BY first_position",
+                [.text(jobID)])
+            return try PGRows.rows(rows).map { row in
+                guard let nodeID = row.string(0) else { throw StoreError(.corrupt, "map items without a node id") }
+                return MapExpansionRecord(
+                    jobID: jobID, nodeID: nodeID, firstPosition: row.int(1), items: try row.json(2) ?? .array([]),
+                    nodes: [])
+            }
+        }
+    }
+}
+
+// MARK: - Reader connections
+
+/// Idle reader connections, handed to one thread at a time.
+final class PostgresReaderPool: @unchecked Sendable {
+    // @unchecked: `idle` and `closed` are touched only under `monitor`; a borrowed connection belongs to its borrower.
+    private let url: String
+    private let monitor = StoreMonitor()
+    private var idle: [PostgresConnection] = []
+    private var closed = false
+    /// Connections kept open when idle; more may exist while many threads read at once.
+    private let keep = 8
+
+    init(url: String) { self.url = url }
+
+    func with<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+        let connection = try borrow()
+        var healthy = true
+        defer { giveBack(connection, healthy: healthy) }
+        do {
+            return try body(connection)
+        } catch let error as StoreError {
+            if error.kind == .unavailable { healthy = false }
+            throw error
+        }
+    }
+
+    /// `body` in one read-only snapshot.
+    func snapshot<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
+        try with { db in
+            try db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            do {
+                let value = try body(db)
+                try db.execute("COMMIT")
+                return value
+            } catch {
+                _ = try? db.execute("ROLLBACK")
+                throw error
+            }
+        }
+    }
+
+    func close() {
+        monitor.lock()
+        closed = true
+        let connections = idle
+        idle = []
+        monitor.unlock()
+        for connection in connections { connection.close() }
+    }
+
+    private func borrow() throws -> PostgresConnection {
+        monitor.lock()
+        if closed {
+            monitor.unlock()
+            throw StoreError(.closed, "store is closed")
+        }
+        if let connection = idle.popLast() {
+            monitor.unlock()
+            return connection
+        }
+        monitor.unlock()
+        do {
+            return try PostgresConnection(url: url)
+        } catch let error as StoreError {
+            // Reads of an unreachable server are a resource failure (503), as the writer's are.
+            throw StoreError(.unavailable, error.message)
+        }
+    }
+
+    private func giveBack(_ connection: PostgresConnection, healthy: Bool) {
+        monitor.lock()
+        if healthy && !closed && idle.count < keep {
+            idle.append(connection)
+            monitor.unlock()
+            return
+        }
+        monitor.unlock()
+        connection.close()
+    }
+}

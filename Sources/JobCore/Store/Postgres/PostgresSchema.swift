@@ -1,0 +1,179 @@
+/// The PostgreSQL schema, as a list of migrations numbered by the one row of `jobserver_schema`.
+///
+/// The same tables and columns as the SQLite schema (`StoreSchema`), in PostgreSQL's dialect: integers are
+/// `BIGINT`, JSON is its compact text (parsed in Swift as SQLite's is, so both stores read the same values), ids
+/// sort in byte order (`COLLATE "C"`, as SQLite compares text) so that listings and cursors agree, and the
+/// webhook outbox is written by PL/pgSQL triggers in the transactions that insert and settle a job. Each
+/// migration runs in its own transaction with the version bump, under an advisory lock, so servers starting
+/// together on one database migrate it once. Never edit a released migration: append a new one.
+enum PostgresSchema {
+    static let migrations: [String] = [
+        // 1: jobs, nodes, bodies, the webhook outbox with its triggers, map items: SQLite's versions 1–6 at once.
+        """
+        CREATE TABLE jobs (
+            id TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+            name TEXT,
+            state TEXT NOT NULL,
+            created_at BIGINT NOT NULL,
+            started_at BIGINT,
+            finished_at BIGINT,
+            deadline_ms BIGINT,
+            version BIGINT NOT NULL,
+            p_total BIGINT NOT NULL,
+            p_pending BIGINT NOT NULL,
+            p_running BIGINT NOT NULL,
+            p_succeeded BIGINT NOT NULL,
+            p_failed BIGINT NOT NULL,
+            p_cancelled BIGINT NOT NULL,
+            p_skipped BIGINT NOT NULL,
+            idempotency_key TEXT UNIQUE,
+            request_hash TEXT,
+            not_before BIGINT,
+            due_at BIGINT,
+            concurrency_key TEXT,
+            concurrency_limit BIGINT,
+            attempt BIGINT NOT NULL DEFAULT 1,
+            retried_at BIGINT,
+            error TEXT,
+            metadata TEXT,
+            result TEXT,
+            request TEXT NOT NULL
+        );
+        CREATE INDEX jobs_state_id ON jobs (state, id);
+        CREATE INDEX jobs_finished_at ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+        CREATE INDEX jobs_due_at ON jobs (due_at, id) WHERE due_at IS NOT NULL;
+        CREATE TABLE nodes (
+            job_id TEXT COLLATE "C" NOT NULL,
+            position BIGINT NOT NULL,
+            id TEXT COLLATE "C" NOT NULL,
+            parent TEXT,
+            type TEXT NOT NULL,
+            state TEXT NOT NULL,
+            attempts BIGINT NOT NULL,
+            started_at BIGINT,
+            finished_at BIGINT,
+            elapsed_ms BIGINT,
+            status BIGINT,
+            recovered BIGINT NOT NULL,
+            pages BIGINT,
+            error TEXT,
+            result TEXT,
+            request TEXT,
+            PRIMARY KEY (job_id, position)
+        );
+        CREATE INDEX nodes_job_node ON nodes (job_id, id);
+        CREATE TABLE bodies (
+            job_id TEXT COLLATE "C" NOT NULL,
+            node_id TEXT COLLATE "C" NOT NULL,
+            content_type TEXT,
+            bytes BYTEA NOT NULL,
+            PRIMARY KEY (job_id, node_id)
+        );
+        CREATE TABLE map_items (
+            job_id TEXT COLLATE "C" NOT NULL,
+            node_id TEXT COLLATE "C" NOT NULL,
+            first_position BIGINT NOT NULL,
+            items TEXT NOT NULL,
+            PRIMARY KEY (job_id, node_id)
+        );
+        CREATE TABLE webhook_outbox (
+            job_id TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+            url TEXT NOT NULL,
+            state TEXT NOT NULL,
+            delivery TEXT,
+            attempts BIGINT NOT NULL DEFAULT 0,
+            last_status BIGINT,
+            last_error TEXT,
+            settled_at BIGINT,
+            next_attempt_at BIGINT
+        );
+        CREATE INDEX webhook_outbox_due ON webhook_outbox (next_attempt_at) WHERE state = 'pending';
+        CREATE FUNCTION webhook_outbox_on_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE
+            doc jsonb;
+        BEGIN
+            -- Only a request that names notify is parsed; one PostgreSQL cannot parse (too deep) asks for nothing,
+            -- as in SQLite, rather than refusing the job.
+            IF strpos(NEW.request, '"notify"') = 0 THEN
+                RETURN NULL;
+            END IF;
+            BEGIN
+                doc := NEW.request::jsonb;
+            EXCEPTION WHEN others THEN
+                RETURN NULL;
+            END;
+            IF jsonb_typeof(doc -> 'notify' -> 'url') = 'string' THEN
+                INSERT INTO webhook_outbox (job_id, url, state) VALUES (NEW.id, doc -> 'notify' ->> 'url', 'waiting')
+                ON CONFLICT (job_id) DO UPDATE SET url = EXCLUDED.url, state = 'waiting', delivery = NULL,
+                    attempts = 0, last_status = NULL, last_error = NULL, settled_at = NULL, next_attempt_at = NULL;
+            END IF;
+            RETURN NULL;
+        END
+        $$;
+        CREATE TRIGGER webhook_outbox_on_insert AFTER INSERT ON jobs
+            FOR EACH ROW EXECUTE FUNCTION webhook_outbox_on_insert();
+        CREATE FUNCTION webhook_outbox_on_settle() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            UPDATE webhook_outbox SET state = 'pending', delivery = NEW.id || '.' || NEW.version, attempts = 0,
+                last_status = NULL, last_error = NULL, settled_at = coalesce(NEW.finished_at, 0), next_attempt_at = 0
+            WHERE job_id = NEW.id;
+            RETURN NULL;
+        END
+        $$;
+        CREATE TRIGGER webhook_outbox_on_settle AFTER UPDATE OF state ON jobs
+            FOR EACH ROW
+            WHEN (NEW.state IN ('succeeded', 'failed', 'cancelled', 'skipped') AND OLD.state IN ('pending', 'running'))
+            EXECUTE FUNCTION webhook_outbox_on_settle();
+        CREATE FUNCTION webhook_outbox_on_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            DELETE FROM webhook_outbox WHERE job_id = OLD.id AND state <> 'pending';
+            RETURN NULL;
+        END
+        $$;
+        CREATE TRIGGER webhook_outbox_on_delete AFTER DELETE ON jobs
+            FOR EACH ROW EXECUTE FUNCTION webhook_outbox_on_delete();
+        """
+    ]
+
+    static var currentVersion: Int { migrations.count }
+
+    /// Any fixed number, the same for every server: the key of the advisory lock migrations take.
+    static let lockKey = 7_300_012
+
+    /// Brings the database on `connection` to `currentVersion`.
+    /// - Throws: `StoreError.migrate` if a migration fails or the database is newer than this code.
+    static func migrate(_ connection: PostgresConnection, logger: Logger) throws {
+        while true {
+            var done = false
+            do {
+                try connection.transaction {
+                    try connection.query("SELECT pg_advisory_xact_lock($1)", [.int(lockKey)])
+                    try connection.execute("CREATE TABLE IF NOT EXISTS jobserver_schema (version BIGINT NOT NULL)")
+                    let rows = try connection.execute("SELECT version FROM jobserver_schema")
+                    let version: Int
+                    if let text = rows.rows.first?.first ?? nil, let seen = Int(text) {
+                        version = seen
+                    } else {
+                        try connection.execute("INSERT INTO jobserver_schema (version) VALUES (0)")
+                        version = 0
+                    }
+                    if version > currentVersion {
+                        throw StoreError(
+                            .migrate, "database schema version \(version) is newer than this server's \(currentVersion)")
+                    }
+                    if version == currentVersion {
+                        done = true
+                        return
+                    }
+                    try connection.execute(migrations[version])
+                    try connection.query("UPDATE jobserver_schema SET version = $1", [.int(version + 1)])
+                    logger.info("store schema migrated", ["version": .int(version + 1)])
+                }
+            } catch let error as StoreError {
+                if error.kind == .migrate { throw error }
+                throw StoreError(.migrate, "migrating the PostgreSQL schema failed: \(error.message)")
+            }
+            if done { return }
+        }
+    }
+}

@@ -1,0 +1,290 @@
+/// Runs on the PostgreSQL store's writer thread and owns the writing connection: the SQLite `StoreWriter`'s
+/// policy (group commit, keep and retry on resource failures, each op alone after a failed batch), on libpq.
+final class PostgresStoreWriter: @unchecked Sendable {
+    // @unchecked: everything but `status` (which locks itself) is touched only on the writer thread.
+    private let db: PostgresConnection
+    private let logger: Logger
+    let status = WriterStatus()
+    private var pending = PendingChanges()
+    private var commitWaiters: [WriteTicket<Void>] = []
+    private var droppedFailure: StoreError?
+    private var failure: StoreError?
+    private var retryDelayMs: Int64 = 0
+    private var retryAtMs: Int64 = 0
+
+    init(connection: PostgresConnection, logger: Logger) {
+        self.db = connection
+        self.logger = logger
+    }
+
+    func run(_ queue: WriteQueue) {
+        while true {
+            let wait = failure == nil ? nil : max(0, retryAtMs - Timestamp.monotonicMs())
+            guard let batch = queue.take(waitingAtMostMs: wait) else { break }
+            write(batch)
+        }
+        if !pending.isEmpty {
+            attempt([])
+            if !pending.isEmpty {
+                logger.error("store closed with state changes it could not write; their jobs resume from the stored state", [
+                    "records": .int(pending.count), "error": .string(failure?.description ?? ""),
+                ])
+            }
+        }
+        for ticket in commitWaiters { ticket.complete(.failure(StoreError(.closed, "store closed before the changes were written"))) }
+        commitWaiters.removeAll()
+        // Frees the database for the next store at once, rather than when the server notices the session ended.
+        _ = try? db.execute("SELECT pg_advisory_unlock_all()")
+        db.close()
+    }
+
+    private func write(_ batch: [WriteOp]) {
+        defer { publish() }
+        var ops: [WriteOp] = []
+        for op in batch {
+            switch op {
+            case .changes(let changes): pending.merge(changes)
+            case .committed(let ticket): commitWaiters.append(ticket)
+            default: ops.append(op)
+            }
+        }
+        if pending.isEmpty { answerCommitWaiters(.success(())) }
+        if let failure, Timestamp.monotonicMs() < retryAtMs {
+            let refusal = StoreError(.unavailable, "writes are failing (\(failure)); retrying")
+            for op in ops { fail(op, refusal) }
+            return
+        }
+        attempt(ops)
+    }
+
+    private func attempt(_ ops: [WriteOp]) {
+        let probe = failure != nil && pending.isEmpty && ops.isEmpty
+        var answers: [() -> Void] = []
+        do {
+            try transaction(fullSync: ops.contains { $0.needsFullSync }, includesPending: true) {
+                try write(pending)
+                if probe { try db.execute("UPDATE jobs SET version = version WHERE id = (SELECT max(id) FROM jobs)") }
+                for op in ops { try apply(op, answers: &answers) }
+            }
+            for answer in answers { answer() }
+            return
+        } catch let error as StoreError where error.isResourceFailure {
+            degrade(error)
+            for op in ops { fail(op, error) }
+            return
+        } catch {
+            logger.warning("store batch failed; writing its parts one by one", ["error": .string("\(error)")])
+            if failure != nil { retryAtMs = Timestamp.monotonicMs() + retryDelayMs }
+        }
+        if !pending.isEmpty {
+            do {
+                try transaction(fullSync: false, includesPending: true) { try write(pending) }
+            } catch let error as StoreError where error.isResourceFailure {
+                degrade(error)
+                for op in ops { fail(op, error) }
+                return
+            } catch {
+                let storeError = error as? StoreError ?? StoreError(.io, "\(error)")
+                logger.error("store gave up state changes it cannot write", [
+                    "error": .string(storeError.description), "records": .int(pending.count),
+                ])
+                let count = pending.count
+                status.update { $0.droppedChanges += count }
+                pending.removeAll()
+                droppedFailure = storeError
+                answerCommitWaiters(.failure(storeError))
+            }
+        }
+        for op in ops {
+            var single: [() -> Void] = []
+            do {
+                try transaction(fullSync: op.needsFullSync, includesPending: false) { try apply(op, answers: &single) }
+                for answer in single { answer() }
+            } catch let error as StoreError where error.isResourceFailure {
+                degrade(error)
+                fail(op, error)
+            } catch {
+                fail(op, error as? StoreError ?? StoreError(.io, "\(error)"))
+            }
+        }
+    }
+
+    /// BEGIN, `body`, COMMIT; rolled back if any of it throws.
+    private func transaction(fullSync: Bool, includesPending: Bool, _ body: () throws -> Void) throws {
+        do {
+            try db.execute(fullSync ? "BEGIN" : "BEGIN; SET LOCAL synchronous_commit = off")
+            try body()
+            // COMMIT of a transaction that failed answers ROLLBACK without an error: the body threw before that.
+            try db.execute("COMMIT")
+        } catch {
+            _ = try? db.execute("ROLLBACK")
+            throw error
+        }
+        if includesPending { pending.removeAll() }
+        if let failure, pending.isEmpty {
+            logger.info("store writes recovered", ["after": .string(failure.description)])
+            self.failure = nil
+            retryDelayMs = 0
+        }
+        publish()
+        if includesPending { answerCommitWaiters(.success(())) }
+    }
+
+    private func degrade(_ error: StoreError) {
+        status.update { $0.writeFailures += 1 }
+        if failure == nil {
+            retryDelayMs = StoreWriter.firstRetryMs
+            logger.error("store writes are failing; state changes are kept and retried", [
+                "error": .string(error.description), "records": .int(pending.count),
+            ])
+        } else {
+            retryDelayMs = min(retryDelayMs * 2, StoreWriter.maxRetryMs)
+            logger.warning("store write retry failed", [
+                "error": .string(error.description), "records": .int(pending.count), "next_retry_ms": .int(Int(retryDelayMs)),
+            ])
+        }
+        failure = error
+        retryAtMs = Timestamp.monotonicMs() + retryDelayMs
+    }
+
+    private func publish() {
+        let degraded = failure
+        let count = pending.count
+        status.update {
+            $0.degraded = degraded != nil
+            $0.lastError = degraded
+            $0.pendingChanges = count
+        }
+    }
+
+    private func answerCommitWaiters(_ result: Result<Void, StoreError>) {
+        if commitWaiters.isEmpty { return }
+        for ticket in commitWaiters { ticket.complete(result) }
+        commitWaiters.removeAll()
+    }
+
+    private func answer(_ ticket: WriteTicket<Void>) {
+        let dropped = droppedFailure
+        droppedFailure = nil
+        ticket.complete(dropped.map { .failure($0) } ?? .success(()))
+    }
+
+    private func fail(_ op: WriteOp, _ error: StoreError) {
+        switch op {
+        case .create(_, let ticket): ticket.complete(.failure(error))
+        case .delete(_, let ticket): ticket.complete(.failure(error))
+        case .sweep(_, _, let ticket): ticket.complete(.failure(error))
+        case .expand(_, let ticket): ticket.complete(.failure(error))
+        case .barrier(let ticket):
+            if pending.isEmpty { answer(ticket) } else { ticket.complete(.failure(error)) }
+        case .changes, .committed:
+            break
+        }
+    }
+
+    private func apply(_ op: WriteOp, answers: inout [() -> Void]) throws {
+        switch op {
+        case .create(let request, let ticket):
+            let outcome = try create(request)
+            answers.append { ticket.complete(.success(outcome)) }
+        case .delete(let id, let ticket):
+            let deleted = try deleteJob(id)
+            answers.append { ticket.complete(.success(deleted)) }
+        case .sweep(let before, let limit, let ticket):
+            let count = try sweep(before: before, limit: limit)
+            answers.append { ticket.complete(.success(count)) }
+        case .barrier(let ticket):
+            answers.append { [self] in answer(ticket) }
+        case .expand(let expansion, let ticket):
+            try insert(expansion)
+            answers.append { ticket.complete(.success(())) }
+        case .changes, .committed:
+            break
+        }
+    }
+
+    private func create(_ request: CreateRequest) throws -> CreateOutcome {
+        let job = request.job
+        var parameters = PGRows.parameters(job)
+        parameters.append(PGRows.text(request.idempotencyKey))
+        parameters.append(PGRows.text(request.requestHash))
+        let inserted = try db.run(prepared: "insert_job", PGRows.insertJob, parameters)
+        if inserted.affected == 0 {
+            // ON CONFLICT (idempotency_key) DO NOTHING: the key is taken.
+            guard let key = request.idempotencyKey else { throw StoreError(.io, "job \(job.id) was not inserted") }
+            let rows = try db.run(
+                prepared: "job_by_key", "SELECT \(PGRows.job), request_hash FROM jobs WHERE idempotency_key = $1",
+                [.text(key)])
+            guard let row = PGRows.rows(rows).first else { throw StoreError(.io, "idempotency key \(key) is taken by no job") }
+            let existing = try PGRows.job(row)
+            return row.string(PGRows.jobCount) == request.requestHash ? .existing(existing) : .conflict(existing)
+        }
+        try insertNodes(request.nodes.map { (node: $0, jobID: job.id) })
+        return .created(job)
+    }
+
+    /// Rows per multi-row node insert: one round trip for a job of up to this many nodes (16 parameters a row,
+    /// far below PostgreSQL's 65,535).
+    static let nodesPerInsert = 64
+
+    /// Inserts the nodes in statements of `nodesPerInsert` rows (prepared once per row count), rather than a round
+    /// trip per node.
+    private func insertNodes(_ rows: [(node: NodeRecord, jobID: String)]) throws {
+        var start = 0
+        while start < rows.count {
+            let chunk = rows[start..<min(rows.count, start + Self.nodesPerInsert)]
+            var parameters: [PostgresParameter] = []
+            parameters.reserveCapacity(chunk.count * 16)
+            for row in chunk { parameters += PGRows.parameters(row.node, jobID: row.jobID) }
+            try db.run(prepared: "insert_nodes_\(chunk.count)", PGRows.insertNodes(count: chunk.count), parameters)
+            start += chunk.count
+        }
+    }
+
+    private func insert(_ expansion: MapExpansionRecord) throws {
+        let items = try db.run(
+            prepared: "insert_map_items",
+            "INSERT INTO map_items (job_id, node_id, first_position, items) "
+                + "SELECT $1::text, $2::text, $3::bigint, $4::text WHERE EXISTS (SELECT 1 FROM jobs WHERE id = $1::text)",
+            [.text(expansion.jobID), .text(expansion.nodeID), .int(expansion.firstPosition), PGRows.json(expansion.items)])
+        guard items.affected > 0 else { return }
+        // A copy changed before this commit: its change, written just before in this transaction, found no row to
+        // update, so the row goes in as it now is.
+        try insertNodes(expansion.nodes.map { node in
+            (node: pending.nodes[NodeKey(jobID: expansion.jobID, position: node.position)] ?? node, jobID: expansion.jobID)
+        })
+    }
+
+    private func write(_ pending: PendingChanges) throws {
+        for job in pending.jobs.values {
+            try db.run(prepared: "update_job", PGRows.updateJob, PGRows.updateParameters(job))
+        }
+        for node in pending.nodes.values {
+            try db.run(prepared: "update_node", PGRows.updateNode, PGRows.parameters(node, jobID: node.jobID))
+        }
+        for change in pending.bodies.values {
+            try db.run(
+                prepared: "upsert_body", PGRows.upsertBody,
+                [.text(change.jobID), .text(change.nodeID), PGRows.text(change.body.contentType), .bytes(change.body.bytes)])
+        }
+    }
+
+    private func deleteJob(_ id: String) throws -> Bool {
+        let deleted = try db.run(prepared: "delete_job", "DELETE FROM jobs WHERE id = $1", [.text(id)]).affected > 0
+        try db.run(prepared: "delete_nodes", "DELETE FROM nodes WHERE job_id = $1", [.text(id)])
+        try db.run(prepared: "delete_bodies", "DELETE FROM bodies WHERE job_id = $1", [.text(id)])
+        try db.run(prepared: "delete_map_items", "DELETE FROM map_items WHERE job_id = $1", [.text(id)])
+        return deleted
+    }
+
+    private func sweep(before: Int64, limit: Int) throws -> Int {
+        let rows = try db.run(
+            prepared: "sweep_select",
+            "SELECT id FROM jobs WHERE finished_at < $1 AND state NOT IN ('\(NodeState.pending.rawValue)', "
+                + "'\(NodeState.running.rawValue)') LIMIT $2",
+            [.int(before), .int(limit)])
+        var count = 0
+        for row in rows.rows { if let id = row.first ?? nil, try deleteJob(id) { count += 1 } }
+        return count
+    }
+}

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The server on PostgreSQL (API.md §10, issue 12): a throwaway cluster from scripts/pg-cluster.sh, the server
+# started with --db postgres://…; jobs submitted, read, long-polled, cancelled and deleted with curl; then
+# kill -9 and a restart on the same database: the accepted jobs resume and finish, settled results are kept,
+# cancels and deletes stay done. Also: a server that cannot reach its database exits non-zero with the reason.
+# shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC2119
+source "$(dirname "$0")/lib.sh"
+
+# Under /tmp itself: as root the cluster runs as `nobody`, who cannot enter $TMP.
+PGDIR="$(mktemp -d /tmp/jobserver-pg-it.XXXXXX)"
+# The servers stop before the cluster does (a server whose database went away first would wait for it), then
+# lib.sh's cleanup runs with the script's status; nothing here may end the trap early (set -e is off in it).
+_postgres_cleanup() {
+  local rc=$? pid
+  set +e
+  for pid in "${STARTED_PIDS[@]+"${STARTED_PIDS[@]}"}"; do _stop_pid "$pid" 5; done
+  STARTED_PIDS=()
+  bash scripts/pg-cluster.sh stop "$PGDIR" >/dev/null 2>&1
+  (exit "$rc")
+  _cleanup
+}
+trap _postgres_cleanup EXIT
+
+step "cluster"
+url="$(PG_FSYNC=off bash scripts/pg-cluster.sh start "$PGDIR" 2>"$TMP/pg.err" | tail -1)" \
+  || fail "PostgreSQL did not start: $(cat "$TMP/pg.err")"
+[[ "$url" == postgres://* ]] || fail "pg-cluster printed no URL: $url $(cat "$TMP/pg.err")"
+log "PostgreSQL at $url"
+
+step "an unreachable database: exit non-zero with the reason"
+dead_port="$(free_port)"
+set +e
+timeout 20 "$JOBSERVER_BIN" serve --host 127.0.0.1 --port 0 --db "postgres://jobserver@127.0.0.1:$dead_port/postgres" \
+  >"$TMP/dead.log" 2>&1
+code=$?
+set -e
+[ "$code" -ne 0 ] && [ "$code" -ne 124 ] || fail "the server exited $code on an unreachable database"
+grep -q "cannot connect to PostgreSQL" "$TMP/dead.log" || fail "no reason logged: $(tail -3 "$TMP/dead.log")"
+
+start_upstream
+start_server_on "$url"
+
+step "a second server on the same database is refused while the first runs"
+set +e
+timeout 20 "$JOBSERVER_BIN" serve --host 127.0.0.1 --port 0 --db "$url" >"$TMP/second.log" 2>&1
+code=$?
+set -e
+[ "$code" -ne 0 ] && [ "$code" -ne 124 ] || fail "a second server on the database exited $code"
+grep -q "another jobserver is using this database" "$TMP/second.log" || fail "no reason logged: $(tail -3 "$TMP/second.log")"
+
+step "submit, read, long-poll"
+submit "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"},\"metadata\":{\"n\":1}}"
+done_id="$JOB_ID"
+wait_settled "$done_id"
+expect_jq .state succeeded
+expect_jq .metadata.n 1
+api GET "/v1/jobs/$done_id/nodes/root"
+expect_status 200
+expect_jq .state succeeded
+done_result="$(jget .result)"
+[ -n "$done_result" ] && [ "$done_result" != null ] || fail "no result stored"
+
+step "idempotency key"
+body="{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}}"
+api POST /v1/jobs "$body" -H 'Idempotency-Key: pg-key-1'
+expect_status 201
+keyed="$(jget .id)"
+api POST /v1/jobs "$body" -H 'Idempotency-Key: pg-key-1'
+expect_status 200 201
+expect_jq .id "$keyed"
+
+step "cancel and delete"
+submit "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/hang\"}}"
+cancel_id="$JOB_ID"
+wait_state "$cancel_id" running
+api POST "/v1/jobs/$cancel_id/cancel"
+expect_status 202
+wait_settled "$cancel_id"
+expect_jq .state cancelled
+api DELETE "/v1/jobs/$done_id"
+expect_status 204
+api GET "/v1/jobs/$done_id"
+expect_status 404
+
+step "a notify webhook, written by the outbox triggers: delivered on the second attempt"
+: >"$TMP/hooks.log"
+# Made here: the background job opens it only when it gets to run.
+: >"$TMP/receiver.out"
+python3 Tests/Integration/webhook_receiver.py "$TMP/hooks.log" 127.0.0.1 >"$TMP/receiver.out" 2>&1 &
+STARTED_PIDS+=("$!")
+receiver=""
+for ((i = 0; i < 100; i++)); do
+  receiver="$(awk '/^listening/ { print $2 }' "$TMP/receiver.out")"
+  [ -n "$receiver" ] && break
+  sleep 0.1
+done
+[ -n "$receiver" ] || fail "webhook receiver did not start: $(cat "$TMP/receiver.out")"
+submit "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"},\"notify\":{\"url\":\"http://127.0.0.1:$receiver/fail/1\"}}"
+hooked="$JOB_ID"
+expect_jq .notify.state pending
+wait_settled "$hooked"
+for ((i = 0; i < 100; i++)); do
+  fetch_job "$hooked"
+  [ "$(jget .notify.state)" = delivered ] && break
+  sleep 0.1
+done
+expect_jq .notify.state delivered
+expect_jq .notify.attempts 2
+
+step "listing"
+api GET "/v1/jobs?state=cancelled"
+expect_status 200
+expect_jq '[.jobs[].id] | index("'"$cancel_id"'") != null' true
+
+step "jobs in flight at kill -9"
+submit "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}}"
+kept_id="$JOB_ID"
+wait_settled "$kept_id"
+kept_result="$(jget .result)"
+slow=()
+for i in 1 2 3; do
+  submit "{\"graph\":{\"type\":\"sequence\",\"children\":[{\"type\":\"fetch\",\"url\":\"$UPSTREAM/delay/1500\"},{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}]}}"
+  slow+=("$JOB_ID")
+done
+kill -KILL "$SERVER_PID"
+wait "$SERVER_PID" 2>/dev/null || true
+
+step "restart on the same database"
+start_server_on "$url"
+for id in "${slow[@]}"; do
+  wait_settled "$id" 30
+  expect_jq .state succeeded
+done
+fetch_job "$kept_id"
+expect_jq .state succeeded
+[ "$(jget .result)" = "$kept_result" ] || fail "the settled result changed across the restart"
+fetch_job "$cancel_id"
+expect_jq .state cancelled
+api GET "/v1/jobs/$done_id"
+expect_status 404
+api GET /healthz
+expect_status 200
+log "ok"
