@@ -30,6 +30,7 @@ base="http://127.0.0.1:$port"
 serve() { exec "$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" --log-level error --retention 0 "$@" 2>>"$tmp/server.err"; }
 
 # The fixture upstream serves the big job's files.
+: >"$tmp/upstream.out"
 python3 Tests/Fixtures/upstream.py --port 0 >"$tmp/upstream.out" 2>"$tmp/upstream.err" &
 pids+=($!)
 for _ in $(seq 1 100); do
@@ -50,21 +51,15 @@ wait_settled() {
     return 1
 }
 
-# One real job of each kind, through the API; the million are copies of the small one.
+# One real job of each kind, through the API; the million are copies of the small one, made before the big job
+# is stored (with its 1 MiB node rows in the table the copies took minutes instead of seconds).
 serve --max-nodes 100000 &
 first=$!
 pids+=("$first")
 wait_for "$base/healthz"
 small=$(curl -fsS -H 'Content-Type: application/json' -d "{\"name\":\"stored\",\"graph\":{\"type\":\"fetch\",\"url\":\"$upstream/json\"}}" \
     "$base/v1/jobs" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-big_body=$(python3 -c "
-import json, sys
-url = sys.argv[1]
-print(json.dumps({'name': 'big', 'graph': {'type': 'list', 'nodes': [
-    {'type': 'fetch', 'url': f'{url}/json?size=1048576&i={i}'} for i in range(int(sys.argv[2]))]}}))" "$upstream" "$BIG_MB")
-big=$(curl -fsS -H 'Content-Type: application/json' -d "$big_body" "$base/v1/jobs" \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-echo "small job $small: $(wait_settled "$small"); big job $big: $(wait_settled "$big")" >&2
+echo "small job $small: $(wait_settled "$small")" >&2
 kill -TERM "$first"
 wait "$first" || true
 
@@ -82,18 +77,38 @@ failed="CASE WHEN n.i % 10 = 0 THEN 'failed' ELSE jobs.state END"
 job_select="$(columns jobs "id=$copy_id" "name='stored-' || n.i" "state=$failed" "created_at=jobs.created_at - $JOBS + n.i" "idempotency_key=NULL")"
 node_select="$(columns nodes "job_id=$copy_id")"
 fill_start=$(date +%s%3N)
-sqlite3 "$db" >/dev/null <<SQL
+sqlite3 "$db" >&2 <<SQL
+.timer on
 PRAGMA journal_mode = WAL;
 BEGIN;
 CREATE TEMP TABLE n AS WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < $JOBS) SELECT i FROM c;
-INSERT INTO jobs SELECT $job_select FROM jobs, n WHERE jobs.id = '$small';
-INSERT INTO nodes SELECT $node_select FROM nodes, n WHERE nodes.job_id = '$small';
+CREATE TEMP TABLE source_job AS SELECT * FROM jobs WHERE id = '$small';
+CREATE TEMP TABLE source_nodes AS SELECT * FROM nodes WHERE job_id = '$small';
+INSERT INTO jobs SELECT $job_select FROM source_job AS jobs, n;
+INSERT INTO nodes SELECT $node_select FROM source_nodes AS nodes, n;
 COMMIT;
 SQL
 fill_ms=$(( $(date +%s%3N) - fill_start ))
 stored=$(sqlite3 "$db" "SELECT count(*) FROM jobs")
 db_mb=$(( $(stat -c %s "$db") / 1048576 ))
 echo "stored $stored jobs ($db_mb MB) in $fill_ms ms" >&2
+
+serve &
+second=$!
+pids+=("$second")
+wait_for "$base/healthz"
+big_body=$(python3 -c "
+import json, sys
+url = sys.argv[1]
+print(json.dumps({'name': 'big', 'graph': {'type': 'list', 'children': [
+    {'type': 'fetch', 'url': f'{url}/json?size=1048576&i={i}'} for i in range(int(sys.argv[2]))]}}))" "$upstream" "$BIG_MB")
+big=$(curl -fsS -H 'Content-Type: application/json' -d "$big_body" "$base/v1/jobs" \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
+echo "big job $big: $(wait_settled "$big")" >&2
+kill -TERM "$second"
+wait "$second" || true
+stored=$(sqlite3 "$db" "SELECT count(*) FROM jobs")
+db_mb=$(( $(stat -c %s "$db") / 1048576 ))
 
 # pct FILE P: the P-th percentile of the numbers in FILE (nearest rank).
 pct() { sort -n "$1" | awk -v p="$2" '{v[NR] = $1} END {i = int(NR * p / 100 + 0.999999); if (i < 1) i = 1; printf "%.2f", v[i]}'; }
