@@ -4,7 +4,8 @@
 # /healthz 200), then /healthz latency sampled at a fixed rate on its own connection while other connections
 # loop over /metrics, `GET /v1/jobs?state=failed&limit=100`, cursor pages followed from the newest job to the
 # oldest, the big job and its `nodes?include=result`. BENCH_RUNS runs (default 5), BENCH_SECONDS of load each
-# (default 20), BENCH_INTERVAL_MS between probes (default 5). JOBSERVER_BIN skips the release build.
+# (default 20), BENCH_INTERVAL_MS between probes (default 5). JOBSERVER_BIN skips the release build;
+# BENCH_KEEP_DIR keeps the seeded file.
 # Prints a markdown section on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -109,6 +110,12 @@ kill -TERM "$second"
 wait "$second" || true
 stored=$(sqlite3 "$db" "SELECT count(*) FROM jobs")
 db_mb=$(( $(stat -c %s "$db") / 1048576 ))
+# BENCH_KEEP_DIR: the seeded file and the big job's id are copied there, to profile the server on them.
+if [ -n "${BENCH_KEEP_DIR:-}" ]; then
+    mkdir -p "$BENCH_KEEP_DIR"
+    cp "$db" "$BENCH_KEEP_DIR/jobs.sqlite"
+    echo "$big" >"$BENCH_KEEP_DIR/big"
+fi
 
 # pct FILE P: the P-th percentile of the numbers in FILE (nearest rank).
 pct() { sort -n "$1" | awk -v p="$2" '{v[NR] = $1} END {i = int(NR * p / 100 + 0.999999); if (i < 1) i = 1; printf "%.2f", v[i]}'; }
