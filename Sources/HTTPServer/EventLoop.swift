@@ -15,8 +15,8 @@ final class Connection {
     /// unsent, pipelined requests wait here).
     var inBuffer: [UInt8] = []
     var inOffset = 0
-    var outBuffer: [UInt8] = []
-    var outOffset = 0
+    /// What is still to be sent, in order.
+    var output = OutputQueue()
     /// The request dispatched and not answered yet; later requests wait behind it.
     var pending: HTTPResponder?
     /// The streamed body being written, while `pending` is its request.
@@ -39,7 +39,7 @@ final class Connection {
         self.interest = interest
     }
 
-    var hasOutput: Bool { outOffset < outBuffer.count }
+    var hasOutput: Bool { !output.isEmpty }
     /// Received bytes still to parse.
     var bufferedInput: Int { inBuffer.count - inOffset }
 
@@ -376,7 +376,7 @@ final class EventLoop: @unchecked Sendable {
         case .none:
             break
         case .probe:
-            connection.outBuffer.append(contentsOf: EventLoop.processingResponse)
+            connection.output.append(contentsOf: EventLoop.processingResponse)
         case .answerTimeout(let message):
             // RFC 9110 §15.5.9; the connection closes after it.
             queueError(connection, status: 408, code: "request_timeout", message: message)
@@ -417,7 +417,7 @@ final class EventLoop: @unchecked Sendable {
             guard let event = event else { continue }
             switch event {
             case .continueExpected:
-                connection.outBuffer.append(contentsOf: EventLoop.continueResponse)
+                connection.output.append(contentsOf: EventLoop.continueResponse)
             case .request(let parsed):
                 dispatch(connection, parsed)
             case .failure(let error):
@@ -430,8 +430,7 @@ final class EventLoop: @unchecked Sendable {
     /// Queues an error answer that ends the connection (the request's framing is lost or its time is up).
     private func queueError(_ connection: Connection, status: Int, code: String, message: String) {
         let response = HTTPResponse.error(status: status, code: code, message: message)
-        serializeResponse(response, into: &connection.outBuffer, dateHeader: dateHeader, isHead: false,
-                          keepAlive: false, http10: false)
+        connection.output.append(response, dateHeader: dateHeader, isHead: false, keepAlive: false, http10: false)
         _ = connection.machine.event(.errorQueued)
         settings.onResponse?(nil, "", status, 0)
     }
@@ -471,8 +470,8 @@ final class EventLoop: @unchecked Sendable {
         if keepAlive, let value = response.headers["Connection"], value.lowercased().contains("close") {
             keepAlive = false
         }
-        serializeResponse(response, into: &connection.outBuffer, dateHeader: dateHeader, isHead: responder.isHead,
-                          keepAlive: keepAlive, http10: responder.isHTTP10)
+        connection.output.append(response, dateHeader: dateHeader, isHead: responder.isHead, keepAlive: keepAlive,
+                                 http10: responder.isHTTP10)
         _ = connection.machine.event(.answerQueued(keepAlive: keepAlive))
         if let onResponse = settings.onResponse {
             let elapsed = monotonicNanoseconds() &- responder.startNanoseconds
@@ -498,8 +497,8 @@ final class EventLoop: @unchecked Sendable {
         if keepAlive, let value = head.headers["Connection"], value.lowercased().contains("close") {
             keepAlive = false
         }
-        serializeResponse(head, into: &connection.outBuffer, dateHeader: dateHeader, isHead: responder.isHead,
-                          keepAlive: keepAlive, http10: responder.isHTTP10, streamed: stream.framing)
+        connection.output.append(head, dateHeader: dateHeader, isHead: responder.isHead, keepAlive: keepAlive,
+                                 http10: responder.isHTTP10, streamed: stream.framing)
         connection.stream = stream
         connection.streamKeepAlive = keepAlive
         if let onResponse = settings.onResponse {
@@ -525,11 +524,11 @@ final class EventLoop: @unchecked Sendable {
         // Before the head is out, the bytes wait in the stream (`startStream` comes back for them).
         guard let connection = stream.connection, !connection.closed, connection.stream === stream else { return }
         let (bytes, finished, overflowed) = stream.take()
-        if overflowed || (connection.outBuffer.count - connection.outOffset) + bytes.count > stream.maxBufferedBytes {
+        if overflowed || connection.output.count + bytes.count > stream.maxBufferedBytes {
             close(connection)
             return
         }
-        connection.outBuffer.append(contentsOf: bytes)
+        connection.output.append(contentsOf: bytes)
         if finished {
             endStream(connection, stream)
         }
@@ -543,7 +542,7 @@ final class EventLoop: @unchecked Sendable {
     /// The streamed body is complete: the connection serves its next request (or closes, for HTTP/1.0).
     private func endStream(_ connection: Connection, _ stream: HTTPStream) {
         if stream.framing == .chunked && !stream.headOnly {
-            connection.outBuffer.append(contentsOf: EventLoop.lastChunk)
+            connection.output.append(contentsOf: EventLoop.lastChunk)
         }
         connection.stream = nil
         connection.pending = nil
@@ -553,32 +552,25 @@ final class EventLoop: @unchecked Sendable {
 
     // MARK: - Writing
 
+    /// Bytes one connection may send per turn of the loop: a client reading a 100 MB answer as fast as loopback
+    /// allows would otherwise keep the loop in `send` until all of it went out, while every other connection on
+    /// the loop waits. The rest goes out on the next `EPOLLOUT`, after the others had their turn.
+    static let writeBudget = 512 * 1024
+
     private func flush(_ connection: Connection) {
-        while connection.hasOutput {
-            let offset = connection.outOffset
-            let result: IOResult<Int>
-            do {
-                result = try systemCall("send") {
-                    connection.outBuffer.withUnsafeBytes { buffer -> Int in
-                        guard let base = buffer.baseAddress else { return 0 }
-                        return Glibc.send(connection.fd, base + offset, buffer.count - offset, Int32(MSG_NOSIGNAL))
-                    }
-                }
-            } catch {
-                close(connection)
-                return
-            }
-            guard case .processed(let written) = result else { return }
-            connection.outOffset += written
+        guard connection.hasOutput else { return }
+        let (outcome, written) = connection.output.send(to: connection.fd, budget: EventLoop.writeBudget)
+        if written > 0 {
             _ = connection.machine.event(.outputWritten(now: now))
         }
-        if connection.outBuffer.capacity > 256 * 1024 {
-            connection.outBuffer = []
-        } else {
-            connection.outBuffer.removeAll(keepingCapacity: true)
+        switch outcome {
+        case .failed:
+            close(connection)
+        case .wouldBlock, .budgetSpent:
+            break
+        case .drained:
+            perform(connection.machine.event(.outputDrained(now: now)), on: connection)
         }
-        connection.outOffset = 0
-        perform(connection.machine.event(.outputDrained(now: now)), on: connection)
     }
 
     /// Half-closes after the last response and drains what the client still sends, so that unread
@@ -620,7 +612,7 @@ final class EventLoop: @unchecked Sendable {
             activeConnections.subtract(1, ordering: .relaxed)
         }
         connection.dropInput()
-        connection.outBuffer = []
+        connection.output.removeAll()
         if let stream = connection.stream {
             connection.stream = nil
             stream.connectionDidClose()

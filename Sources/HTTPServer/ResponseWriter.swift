@@ -1,9 +1,10 @@
 /// Serialises a response head and body into `out`: status line, `Server`, `Date`, the handler's
 /// headers (minus the framing ones the server owns), `Content-Length`, `Connection`, body.
 ///
-/// With `streamed`, only the head is written, for a body sent later (`HTTPStream`).
+/// With `streamed`, only the head is written, for a body sent later (`HTTPStream`); with `omitBody`, only the
+/// head too, for a body the caller queues itself (`OutputQueue`).
 func serializeResponse(_ response: HTTPResponse, into out: inout [UInt8], dateHeader: [UInt8], isHead: Bool,
-                       keepAlive: Bool, http10: Bool, streamed: StreamFraming? = nil) {
+                       keepAlive: Bool, http10: Bool, streamed: StreamFraming? = nil, omitBody: Bool = false) {
     let status = response.status
     let bodyAllowed = !(status < 200 || status == 204 || status == 304)
     out.append(contentsOf: statusLine(status))
@@ -54,7 +55,7 @@ func serializeResponse(_ response: HTTPResponse, into out: inout [UInt8], dateHe
     }
     out.append(0x0D)
     out.append(0x0A)
-    if bodyAllowed && !isHead && streamed == nil {
+    if bodyAllowed && !isHead && streamed == nil && !omitBody {
         out.append(contentsOf: response.body)
     }
 }

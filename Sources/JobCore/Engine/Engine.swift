@@ -952,8 +952,21 @@ final class ReadPool: Sendable {
         let value = Atomic<Int>(0)
     }
 
+    /// Reads run `niceIncrement` below the priority of the thread that made the pool (the process's, which the
+    /// event loops keep): rendering a 100 MB answer then yields the CPU to the loops, whose work is short, instead
+    /// of sharing it equally with them while `/healthz` waits.
+    static let niceIncrement: Int32 = 5
+    /// On Linux, libdispatch gives the worker threads of each quality-of-service class a fixed nice value when it
+    /// starts them (`.utility`: 2), not one relative to the process, so the pool raises it to `nice` itself. The
+    /// class is one the engine uses for nothing urgent (the retention sweep's timer), since the threads keep the
+    /// value: an unprivileged thread may raise its nice value but not lower it again.
+    static let qos = DispatchQoS.utility
+    /// The nice value reads run at.
+    let nice: Int32
+
     init(queues count: Int) {
-        queues = (0..<max(1, count)).map { DispatchQueue(label: "jobserver.read.\($0)") }
+        nice = min(19, ReadPool.currentNice() + ReadPool.niceIncrement)
+        queues = (0..<max(1, count)).map { DispatchQueue(label: "jobserver.read.\($0)", qos: ReadPool.qos) }
         waiting = (0..<max(1, count)).map { _ in Counter() }
     }
 
@@ -970,9 +983,25 @@ final class ReadPool: Sendable {
         }
         let counter = waiting[best]
         counter.value.add(1, ordering: .relaxed)
+        let nice = self.nice
         queues[best].async {
+            ReadPool.lowerPriority(to: nice)
             work()
             counter.value.subtract(1, ordering: .relaxed)
+        }
+    }
+}
+
+extension ReadPool {
+    /// The calling thread's nice value (on Linux, `PRIO_PROCESS` with 0 names the calling thread, not the process).
+    static func currentNice() -> Int32 {
+        getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
+    }
+
+    /// Raises the calling thread's nice value to `nice` if it is below; a failure leaves the thread as it was.
+    static func lowerPriority(to nice: Int32) {
+        if currentNice() < nice {
+            _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, nice)
         }
     }
 }

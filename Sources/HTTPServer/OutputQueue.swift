@@ -1,0 +1,124 @@
+import Glibc
+
+/// What a connection has still to send, in order: bytes the loop serialised (heads, small bodies, stream chunks)
+/// and large bodies kept as the handler's own arrays. A large body is never copied on the loop (a 100 MB answer
+/// would hold it for tens of milliseconds of `memcpy` and page faults), only referenced: `[UInt8]` is
+/// copy-on-write and nothing here mutates it.
+struct OutputQueue {
+    /// Bodies at least this large are queued by reference; smaller ones are copied after their head, so that a
+    /// small answer still goes out in one `send`.
+    static let shareThreshold = 64 * 1024
+
+    /// The first chunk has been sent up to `offset`.
+    private var chunks: [[UInt8]] = []
+    private var offset = 0
+    /// Whether the last chunk is a shared body (appending to it would copy it).
+    private var lastIsShared = false
+    /// Bytes not sent yet.
+    private(set) var count = 0
+
+    var isEmpty: Bool { count == 0 }
+
+    /// Copies `bytes` to the end of the queue.
+    mutating func append<Bytes: Collection>(contentsOf bytes: Bytes) where Bytes.Element == UInt8 {
+        guard !bytes.isEmpty else { return }
+        if chunks.isEmpty || lastIsShared {
+            chunks.append(Array(bytes))
+            lastIsShared = false
+        } else {
+            chunks[chunks.count - 1].append(contentsOf: bytes)
+        }
+        count += bytes.count
+    }
+
+    /// Queues `body` after what is queued: by reference when it is large, else copied.
+    mutating func append(body: [UInt8]) {
+        guard body.count >= Self.shareThreshold else {
+            append(contentsOf: body)
+            return
+        }
+        chunks.append(body)
+        lastIsShared = true
+        count += body.count
+    }
+
+    /// Serialises `response` (see `serializeResponse`), its body queued by reference when large.
+    mutating func append(_ response: HTTPResponse, dateHeader: [UInt8], isHead: Bool, keepAlive: Bool, http10: Bool,
+                         streamed: StreamFraming? = nil) {
+        let sendsBody = streamed == nil && !isHead && !(response.status < 200 || response.status == 204 || response.status == 304)
+        var head: [UInt8] = []
+        if sendsBody && response.body.count >= Self.shareThreshold {
+            // The head is written from a copy without the body; `Content-Length` still comes from the real one.
+            serializeResponse(response, into: &head, dateHeader: dateHeader, isHead: isHead, keepAlive: keepAlive,
+                              http10: http10, streamed: streamed, omitBody: true)
+            append(contentsOf: head)
+            append(body: response.body)
+        } else {
+            serializeResponse(response, into: &head, dateHeader: dateHeader, isHead: isHead, keepAlive: keepAlive,
+                              http10: http10, streamed: streamed)
+            append(contentsOf: head)
+        }
+    }
+
+    /// What `send` did.
+    enum WriteOutcome: Equatable {
+        /// Everything queued was sent.
+        case drained
+        /// The socket takes no more for now.
+        case wouldBlock
+        /// `budget` bytes were sent and more is queued: the loop serves its other connections first.
+        case budgetSpent
+        /// The socket failed (the peer is gone).
+        case failed
+    }
+
+    /// Sends from the head of the queue until it is empty, the socket would block, or `budget` bytes went out.
+    /// - Returns: the outcome and the bytes sent.
+    mutating func send(to fd: Int32, budget: Int) -> (WriteOutcome, Int) {
+        var sent = 0
+        while let first = chunks.first {
+            if sent >= budget { return (.budgetSpent, sent) }
+            let want = min(first.count - offset, budget - sent)
+            let start = offset
+            let result: IOResult<Int>
+            do {
+                result = try systemCall("send") {
+                    first.withUnsafeBytes { buffer -> Int in
+                        guard let base = buffer.baseAddress else { return 0 }
+                        return Glibc.send(fd, base + start, want, Int32(MSG_NOSIGNAL))
+                    }
+                }
+            } catch {
+                return (.failed, sent)
+            }
+            guard case .processed(let written) = result else { return (.wouldBlock, sent) }
+            sent += written
+            count -= written
+            offset += written
+            if offset == first.count {
+                chunks.removeFirst()
+                offset = 0
+                if chunks.isEmpty { lastIsShared = false }
+            }
+        }
+        return (.drained, sent)
+    }
+
+    /// Drops everything queued.
+    mutating func removeAll() {
+        chunks = []
+        offset = 0
+        count = 0
+        lastIsShared = false
+    }
+
+    /// Lends the queued chunks (tests look at whose storage they are).
+    func withChunks<T>(_ body: ([[UInt8]]) -> T) -> T { body(chunks) }
+
+    /// The unsent bytes, in order (tests).
+    var unsentBytes: [UInt8] {
+        var bytes: [UInt8] = []
+        for (i, chunk) in chunks.enumerated() { bytes.append(contentsOf: chunk[(i == 0 ? offset : 0)...]) }
+        return bytes
+    }
+}

@@ -1,0 +1,124 @@
+import XCTest
+@testable import HTTPServer
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A connection's output: large bodies queued by reference, order kept, and at most a budget sent per turn.
+final class OutputQueueTests: XCTestCase {
+    private let date = Array("Date: Thu, 01 Jan 2026 00:00:00 GMT\r\n".utf8)
+
+    private func serialized(_ response: HTTPResponse, isHead: Bool = false) -> [UInt8] {
+        var out: [UInt8] = []
+        serializeResponse(response, into: &out, dateHeader: date, isHead: isHead, keepAlive: true, http10: false)
+        return out
+    }
+
+    /// A non-blocking socket pair with room for `bytes` in the sending side's buffer.
+    private func socketPair(bytes: Int32) throws -> (send: Int32, receive: Int32) {
+        var fds: [Int32] = [0, 0]
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0 else {
+            throw XCTSkip("socketpair failed: errno \(errno)")
+        }
+        var size = bytes
+        _ = setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        _ = setsockopt(fds[1], SOL_SOCKET, SO_RCVBUF, &size, socklen_t(MemoryLayout<Int32>.size))
+        _ = fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK)
+        _ = fcntl(fds[1], F_SETFL, fcntl(fds[1], F_GETFL) | O_NONBLOCK)
+        return (fds[0], fds[1])
+    }
+
+    /// Reads whatever is buffered on `fd` (non-blocking), in at most `limit` bytes.
+    private func drain(_ fd: Int32, limit: Int) -> [UInt8] {
+        var out: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        for _ in 0..<100_000 where out.count < limit {
+            let n = read(fd, &buffer, min(buffer.count, limit - out.count))
+            if n <= 0 { break }
+            out.append(contentsOf: buffer[0..<n])
+        }
+        return out
+    }
+
+    func testSmallAndLargeAnswersComeOutInOrderAndByteForByteAsSerialised() {
+        let large = HTTPResponse(status: 200, body: (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 7) })
+        let small = HTTPResponse(status: 404, body: Array("gone".utf8))
+        let head = HTTPResponse(status: 200, body: large.body)
+        var queue = OutputQueue()
+        queue.append(small, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        queue.append(large, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        queue.append(contentsOf: Array("HTTP/1.1 102 Processing\r\n\r\n".utf8))
+        queue.append(small, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        queue.append(head, dateHeader: date, isHead: true, keepAlive: true, http10: false)
+        let expected = serialized(small) + serialized(large) + Array("HTTP/1.1 102 Processing\r\n\r\n".utf8)
+            + serialized(small) + serialized(head, isHead: true)
+        XCTAssertEqual(queue.count, expected.count)
+        XCTAssertTrue(queue.unsentBytes == expected)
+    }
+
+    func testALargeBodyIsQueuedWithoutCopyingItsStorage() {
+        let body = [UInt8](repeating: 0x61, count: OutputQueue.shareThreshold)
+        var queue = OutputQueue()
+        queue.append(HTTPResponse(status: 200, body: body), dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        queue.append(contentsOf: [0x62])
+        // The array in the queue still shares the handler's buffer: nothing was appended to it or copied from it.
+        var shared = false
+        body.withUnsafeBufferPointer { original in
+            shared = queue.withChunks { chunks in
+                chunks.contains { chunk in chunk.withUnsafeBufferPointer { $0.baseAddress == original.baseAddress } }
+            }
+        }
+        XCTAssertTrue(shared, "the large body was copied")
+    }
+
+    func testSendStopsAtTheBudgetAndTheRestFollowsOnTheNextTurns() throws {
+        let body = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 13) }
+        let response = HTTPResponse(status: 200, body: body)
+        let expected = serialized(response)
+        let (sender, receiver) = try socketPair(bytes: 4 << 20)
+        defer { close(sender); close(receiver) }
+        var queue = OutputQueue()
+        queue.append(response, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        let first = queue.send(to: sender, budget: 50_000)
+        XCTAssertEqual(first.0, .budgetSpent)
+        XCTAssertEqual(first.1, 50_000)
+        XCTAssertEqual(queue.count, expected.count - 50_000)
+        var received = drain(receiver, limit: expected.count)
+        var turns = 1
+        while !queue.isEmpty && turns < 1000 {
+            let (outcome, sent) = queue.send(to: sender, budget: 50_000)
+            XCTAssertLessThanOrEqual(sent, 50_000)
+            XCTAssertNotEqual(outcome, .failed)
+            received += drain(receiver, limit: expected.count - received.count)
+            turns += 1
+        }
+        received += drain(receiver, limit: expected.count - received.count)
+        XCTAssertTrue(queue.isEmpty)
+        XCTAssertGreaterThanOrEqual(turns, expected.count / 50_000)
+        XCTAssertEqual(received.count, expected.count)
+        XCTAssertTrue(received == expected)
+        XCTAssertEqual(queue.send(to: sender, budget: 50_000).0, .drained)
+    }
+
+    func testAFullSocketLeavesTheRestQueued() throws {
+        let body = [UInt8](repeating: 0x7A, count: 8 << 20)
+        let (sender, receiver) = try socketPair(bytes: 64 * 1024)
+        defer { close(sender); close(receiver) }
+        var queue = OutputQueue()
+        queue.append(HTTPResponse(status: 200, body: body), dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        let before = queue.count
+        let (outcome, sent) = queue.send(to: sender, budget: Int.max)
+        XCTAssertEqual(outcome, .wouldBlock)
+        XCTAssertGreaterThan(sent, 0)
+        XCTAssertEqual(queue.count, before - sent)
+    }
+
+    func testAClosedPeerFailsTheSend() throws {
+        let (sender, receiver) = try socketPair(bytes: 64 * 1024)
+        defer { close(sender) }
+        close(receiver)
+        var queue = OutputQueue()
+        queue.append(contentsOf: Array("HTTP/1.1 200 OK\r\n\r\n".utf8))
+        XCTAssertEqual(queue.send(to: sender, budget: 1 << 20).0, .failed)
+    }
+}
