@@ -1,6 +1,7 @@
 import CHTTPLinux
 import Glibc
 import Synchronization
+import Threads
 
 /// One accepted connection; owned by its event loop and touched only on that loop's thread.
 final class Connection {
@@ -91,7 +92,7 @@ final class EventLoop: @unchecked Sendable {
     private var connections: [Connection?] = []
     private var connectionCount = 0
     private var nextSerial: UInt32 = 0
-    private let inbox = Mutex<[Message]>([])
+    private let inbox = Locked<[Message]>([])
     private let threadID = Atomic<UInt>(0)
     /// Connections still owed work (not lingering), read by `HTTPServer.shutdown` to know when it drained.
     let activeConnections = Atomic<Int>(0)

@@ -1,4 +1,4 @@
-import Synchronization
+import Threads
 
 /// Completes one request's response, from any thread, exactly once (later calls are ignored).
 ///
@@ -14,7 +14,7 @@ public final class HTTPResponder: @unchecked Sendable {
         var onClose: (@Sendable () -> Void)?
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     /// The loop and connection this responder answers on; nil for a stand-alone responder.
     let loop: EventLoop?
     let connection: Connection?

@@ -2,6 +2,7 @@ import Foundation
 import HTTPServer
 import JobCore
 import Synchronization
+import Threads
 
 /// The routes of API.md §2.
 enum Route: CaseIterable {
@@ -66,7 +67,7 @@ final class App: @unchecked Sendable {
     /// (A concurrent queue would run about one blocked submission per core.)
     private let diskQueues = (0..<32).map { DispatchQueue(label: "jobserver.disk.\($0)") }
     private let diskQueueTurn = Atomic<Int>(0)
-    private let shutdownLock = NSLock()
+    private let shutdownLock = Lock()
     private var shuttingDown = false
 
     /// The open event streams of `GET /v1/jobs/{id}/events`.

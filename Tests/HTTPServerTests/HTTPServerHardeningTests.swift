@@ -1,9 +1,9 @@
 import Foundation
-import Synchronization
 import XCTest
 @testable import HTTPServer
 #if canImport(Glibc)
 import Glibc
+import Threads
 #endif
 
 /// Hostile and unusual clients: pipelining without reading, bodies that trickle in, partial heads,
@@ -311,7 +311,7 @@ func residentBytes() -> Int? {
 
 /// A count shared between handlers and the test, with a flag for "done".
 final class Counter: Sendable {
-    private let state = Mutex((value: 0, finished: false))
+    private let state = Locked((value: 0, finished: false))
 
     func increment() { add(1) }
     func add(_ n: Int) { state.withLock { $0.value += n } }

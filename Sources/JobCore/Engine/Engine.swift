@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import Threads
 
 /// Runs jobs: turns each submitted graph into a tree of Deferreds, hands its
 /// fetches to the shared `Fetcher` through one fair, bounded queue, records
@@ -854,7 +855,7 @@ public final class Engine: @unchecked Sendable {
 /// One long-poll waiting for a job to change.
 final class Waiter: Cancellable, @unchecked Sendable {
     let afterVersion: Int64?
-    private let lock = NSLock()
+    private let lock = Lock()
     // Both guarded by `lock`; the timer's block holds the waiter, so it is let go once the waiter is done.
     private var callback: (@Sendable (JobRecord?) -> Void)?
     private var timer: DispatchWorkItem?
@@ -980,7 +981,7 @@ final class SettledJobCache: @unchecked Sendable {
     let capacityBytes: Int
     /// Bytes counted for an entry beyond its body and id: the dictionary slot, the order slot, the headers.
     static let overheadBytes = 96
-    private let lock = NSLock()
+    private let lock = Lock()
     private var entries: [String: SettledJob] = [:]
     /// Ids in insertion order from `head` on; an id may be stale (removed, or inserted again later).
     private var order: [String] = []

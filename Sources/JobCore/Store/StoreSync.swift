@@ -4,48 +4,11 @@ import Glibc
 import Darwin
 #endif
 import Dispatch
+import Threads
 
-/// A mutex with one condition variable, private to the store. Held only to
+/// The store's queues and pools wait on the project's one lock type (with its condition variable). Held only to
 /// move values in and out of a queue or pool.
-final class StoreMonitor: @unchecked Sendable {
-    private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
-    private let condition = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
-
-    init() {
-        pthread_mutex_init(mutex, nil)
-        pthread_cond_init(condition, nil)
-    }
-
-    deinit {
-        pthread_cond_destroy(condition)
-        pthread_mutex_destroy(mutex)
-        condition.deallocate()
-        mutex.deallocate()
-    }
-
-    func lock() { pthread_mutex_lock(mutex) }
-    func unlock() { pthread_mutex_unlock(mutex) }
-    /// Waits for a signal; call with the lock held.
-    func wait() { pthread_cond_wait(condition, mutex) }
-    func signal() { pthread_cond_signal(condition) }
-
-    /// Waits for a signal or until `milliseconds` have passed; call with the lock held.
-    func wait(milliseconds: Int64) {
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        let total = Int64(now.tv_nsec) + (milliseconds % 1000) * 1_000_000
-        var deadline = timespec()
-        deadline.tv_sec = now.tv_sec + Int(milliseconds / 1000) + Int(total / 1_000_000_000)
-        deadline.tv_nsec = Int(total % 1_000_000_000)
-        pthread_cond_timedwait(condition, mutex, &deadline)
-    }
-
-    func withLock<T>(_ body: () throws -> T) rethrows -> T {
-        lock()
-        defer { unlock() }
-        return try body()
-    }
-}
+typealias StoreMonitor = Lock
 
 /// The answer to one queued write, handed from the writer thread to the caller
 /// waiting for it. The semaphore orders the writer's store of `result` before
@@ -81,32 +44,18 @@ final class WriteTicket<Value>: @unchecked Sendable {
 
 /// A dedicated OS thread (the store's writer blocks in fsync; it must not sit on a shared pool).
 final class StoreThread: @unchecked Sendable {
-    private final class Box {
-        let body: () -> Void
-        init(_ body: @escaping () -> Void) { self.body = body }
-    }
-
+    // @unchecked: `thread` is set in `init` and cleared by `join`, which only `SQLiteJobStore.close` calls, and
+    // only the one caller that flips its `closed` flag under `closeMonitor` reaches it.
     private var thread: pthread_t?
 
     /// Starts `body` on a new thread.
     /// - Throws: `StoreError` if the thread cannot be created.
     init(_ body: @escaping () -> Void) throws {
-        let box = Unmanaged.passRetained(Box(body)).toOpaque()
-        #if canImport(Glibc)
-        var handle = pthread_t()
-        #else
-        var handle: pthread_t?
-        #endif
-        let rc = pthread_create(&handle, nil, { raw in
-            guard let raw else { return nil }
-            Unmanaged<Box>.fromOpaque(raw).takeRetainedValue().body()
-            return nil
-        }, box)
-        guard rc == 0 else {
-            Unmanaged<Box>.fromOpaque(box).release()
-            throw StoreError(.io, "cannot start the store writer thread (errno \(rc))")
+        do throws(ThreadStartError) {
+            thread = try startThread(name: "store-writer", body)
+        } catch {
+            throw StoreError(.io, "cannot start the store writer thread (errno \(error.errno))")
         }
-        thread = handle
     }
 
     /// Waits for the thread to end; once.
