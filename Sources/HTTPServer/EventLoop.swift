@@ -68,6 +68,9 @@ struct LoopSettings {
 /// One thread running `epoll`: accepts on its own `SO_REUSEPORT` socket, reads, parses, dispatches,
 /// writes. Cross-thread work (late responses, shutdown) arrives through a locked inbox and an `eventfd`.
 final class EventLoop: @unchecked Sendable {
+    // @unchecked: the `var`s and `scratch` are touched only on the loop's own thread (`run` and what it calls);
+    // other threads reach the loop only through `post` (the `inbox` Locked plus an `eventfd` write), the Atomics
+    // `threadID` and `activeConnections`, and the immutable `settings`, `epollFD` and `wakeFD`.
     enum Message {
         case response(HTTPResponder, HTTPResponse)
         /// A handler set `onClose` from another thread.

@@ -7,6 +7,8 @@ import Threads
 /// woken and writes the response). While a response is pending, later pipelined requests on the same
 /// connection wait, so responses always leave in request order.
 public final class HTTPResponder: @unchecked Sendable {
+    // @unchecked: `state` is a Locked; `routePattern` is set on the loop thread before the handler runs and read
+    // there when writing; every other stored property is immutable.
     private struct State {
         var done = false
         var connectionClosed = false

@@ -41,6 +41,9 @@ public struct HTTPServerConfiguration: Sendable {
 /// waiting on locks held long, no synchronous I/O): hand slow work to another thread and answer
 /// through `HTTPResponder.send` when it is done.
 public final class HTTPServer: @unchecked Sendable {
+    // @unchecked: `phase` is a Locked; `loops` and `threads` are written by `start` and read by `beginShutdown` /
+    // `shutdown`, which run after `start` returned (a stop from another thread is ordered by `phase`'s lock,
+    // taken after `start` released it); the rest is immutable.
     private enum Phase {
         case idle
         case running

@@ -9,6 +9,9 @@ import Threads
 /// All mutable state belongs to one serial queue; public methods may be
 /// called from any thread and never wait on the network.
 public final class Engine: @unchecked Sendable {
+    // @unchecked: the `var`s marked "Owned by `queue`" are touched only on `queue`; `notifyStatus` is set once,
+    // before `start()`; the other stored properties are immutable references, and the objects they point to are
+    // used only on `queue` (`eventHub`, `scheduler`) or guard themselves (`settledJobs`, `timekeeper`, `reads`).
     let store: JobStore
     let fetcher: Fetcher
     let configuration: EngineConfiguration
@@ -854,6 +857,8 @@ public final class Engine: @unchecked Sendable {
 
 /// One long-poll waiting for a job to change.
 final class Waiter: Cancellable, @unchecked Sendable {
+    // @unchecked: `callback` and `timer` are guarded by `lock`; `engine` and `jobID` are set on the engine's queue
+    // inside the `queue.sync` that registers the waiter, before the waiter is returned to anyone who can `cancel` it.
     let afterVersion: Int64?
     private let lock = Lock()
     // Both guarded by `lock`; the timer's block holds the waiter, so it is let go once the waiter is done.

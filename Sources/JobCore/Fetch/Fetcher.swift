@@ -9,6 +9,8 @@ import Darwin
 
 /// Cancels one transfer started by `Fetcher.start`.
 public final class FetchHandle: @unchecked Sendable {
+    // @unchecked: `loop` is weak and never reassigned; `transfer` is immutable and `FetchLoop.cancel` touches it
+    // only with the loop's `mutex` held.
     private weak var loop: FetchLoop?
     private let transfer: Transfer
 
@@ -58,6 +60,7 @@ public final class FetchHandle: @unchecked Sendable {
 /// Retries happen only for idempotent requests; the wait is `retryBackoffMs`
 /// doubled per attempt with ±20 % jitter, or a `Retry-After` in seconds (at most 60).
 public final class Fetcher: @unchecked Sendable {
+    // @unchecked: its one stored property is an immutable reference to the `FetchLoop`, which guards itself.
     private let loop: FetchLoop
 
     /// Starts the fetcher's thread.
@@ -355,6 +358,8 @@ private let openSocketCallback: curl_opensocket_callback = { user, purpose, addr
 
 /// The state owned by the fetcher's thread, plus the locked queue that feeds it.
 final class FetchLoop: @unchecked Sendable {
+    // @unchecked: the properties marked "Guarded by `mutex`" are touched only with `mutex` held; those marked
+    // "The fetcher's thread only" only on the thread `init` starts; the rest is immutable.
     private let configuration: FetcherConfiguration
     private let denyList: [AddressRange]
     private let multi: UnsafeMutableRawPointer

@@ -14,6 +14,8 @@ typealias StoreMonitor = Lock
 /// waiting for it. The semaphore orders the writer's store of `result` before
 /// the caller's read.
 final class WriteTicket<Value>: @unchecked Sendable {
+    // @unchecked: `result` is written once by the writer before `done.signal()` and read by the waiter only after
+    // `done.wait()` (or by the writer itself, in `onComplete`); `onComplete` is immutable.
     private let done = DispatchSemaphore(value: 0)
     private var result: Result<Value, StoreError>?
     /// Set at creation and only read by the writer afterwards, so it needs no lock.
