@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# `make test-sanitize`: the XCTest suite under ThreadSanitizer, then under AddressSanitizer, each built in its own
+# folder (.build/tsan, .build/asan). Fails on a failing test and on any sanitizer report, whether from the
+# test process or from a process a test starts (the `jobserver` executable): every report is written to a file in
+# .build/tsan/reports/ or .build/asan/reports/ and printed at the end. Extra arguments go to `swift test` (e.g. --filter StoreTests).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+status=0
+for sanitizer in thread address; do
+  scratch=.build/${sanitizer:0:1}san
+  reports=$PWD/$scratch/reports
+  rm -rf "$reports"
+  mkdir -p "$reports"
+  echo "== $sanitizer sanitizer: building in $scratch"
+  if ! swift build --build-tests --sanitize="$sanitizer" --scratch-path "$scratch"; then
+    status=1
+    continue
+  fi
+  echo "== $sanitizer sanitizer: running the suite"
+  if ! TSAN_OPTIONS="log_path=$reports/report ${TSAN_OPTIONS:-}" \
+       ASAN_OPTIONS="log_path=$reports/report ${ASAN_OPTIONS:-}" \
+       swift test --skip-build --disable-swift-testing --sanitize="$sanitizer" --scratch-path "$scratch" "$@"; then
+    echo "== $sanitizer sanitizer: the suite failed"
+    status=1
+  fi
+  if compgen -G "$reports/report.*" > /dev/null; then
+    for report in "$reports"/report.*; do
+      echo "== $sanitizer sanitizer report: $report"
+      cat "$report"
+    done
+    echo "== $sanitizer sanitizer: $(ls "$reports" | wc -l) process(es) reported"
+    status=1
+  else
+    echo "== $sanitizer sanitizer: no reports"
+  fi
+done
+exit "$status"
