@@ -36,6 +36,7 @@ let package = Package(
         .executableTarget(name: "ParseBench", dependencies: ["JobCore"], path: "bench/ParseBench"),
         .executableTarget(name: "HTTPBenchServer", dependencies: ["HTTPServer"], path: "bench/HTTPBenchServer"),
         .target(name: "TestSupport", dependencies: ["JobCore"], path: "Tests/TestSupport"),
+        .testTarget(name: "ThreadsTests", dependencies: ["Threads"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport", "Threads"]),
         .testTarget(name: "JobCoreTests", dependencies: ["JobCore", "TestSupport"]),
         .testTarget(name: "JobServerTests", dependencies: ["JobServer", "HTTPServer", "JobCore", "TestSupport"]),
