@@ -2,12 +2,14 @@
 # `make test-sanitize`: the XCTest suite under ThreadSanitizer, then under AddressSanitizer, each built in its own
 # folder (.build/tsan, .build/asan). Fails on a failing test and on any sanitizer report, whether from the
 # test process or from a process a test starts (the `jobserver` executable): every report is written to a file in
-# .build/tsan/reports/ or .build/asan/reports/ and printed at the end. Extra arguments go to `swift test` (e.g. --filter StoreTests).
+# .build/tsan/reports/ or .build/asan/reports/ and printed at the end. The only suppressions are in
+# scripts/sanitize/, each with the toolchain bug it works around. Extra arguments go to `swift test`
+# (e.g. --filter StoreTests); SANITIZERS=address runs one of the two.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 status=0
-for sanitizer in thread address; do
+for sanitizer in ${SANITIZERS:-thread address}; do
   scratch=.build/${sanitizer:0:1}san
   reports=$PWD/$scratch/reports
   rm -rf "$reports"
@@ -20,6 +22,7 @@ for sanitizer in thread address; do
   echo "== $sanitizer sanitizer: running the suite"
   if ! TSAN_OPTIONS="log_path=$reports/report ${TSAN_OPTIONS:-}" \
        ASAN_OPTIONS="log_path=$reports/report ${ASAN_OPTIONS:-}" \
+       LSAN_OPTIONS="suppressions=$PWD/scripts/sanitize/lsan.supp print_suppressions=0 ${LSAN_OPTIONS:-}" \
        swift test --skip-build --disable-swift-testing --sanitize="$sanitizer" --scratch-path "$scratch" "$@"; then
     echo "== $sanitizer sanitizer: the suite failed"
     status=1

@@ -6,8 +6,9 @@ import Darwin
 
 /// The project's one lock: a `pthread_mutex_t` with one condition variable.
 ///
-/// Plain pthread calls because ThreadSanitizer intercepts them; on this toolchain it does not see
-/// `Synchronization.Mutex` (its futex path is uninstrumented) and reports false races behind it.
+/// Plain pthread calls because ThreadSanitizer intercepts them. Under `Synchronization.Mutex` the suite showed
+/// false races on the event loop's inbox on this toolchain: a contended `Mutex` waits in the Synchronization
+/// library's futex path, which is not instrumented, so TSan can miss the ordering it gives.
 /// Held only for a few instructions, to move values in or out; never across a callback, I/O or a wait on
 /// another lock.
 public final class Lock: @unchecked Sendable {

@@ -50,11 +50,17 @@ final class StoreThread: @unchecked Sendable {
     // only the one caller that flips its `closed` flag under `closeMonitor` reaches it.
     private var thread: pthread_t?
 
+    /// The writer handles values nested up to `Limits.storedJSONDepth`, and Swift releases (and encodes) a nested
+    /// `JSONValue` recursively, one frame per level. A fixed stack keeps that from depending on `ulimit -s`
+    /// (glibc gives a new thread 8 MiB by default, 2 MiB when the limit is unlimited) and leaves room for
+    /// AddressSanitizer's larger frames, under which 8 MiB overflowed. Only the pages touched are committed.
+    static let stackSize = 64 << 20
+
     /// Starts `body` on a new thread.
     /// - Throws: `StoreError` if the thread cannot be created.
     init(_ body: @escaping () -> Void) throws {
         do throws(ThreadStartError) {
-            thread = try startThread(name: "store-writer", body)
+            thread = try startThread(name: "store-writer", stackSize: StoreThread.stackSize, body)
         } catch {
             throw StoreError(.io, "cannot start the store writer thread (errno \(error.errno))")
         }
