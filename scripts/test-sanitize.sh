@@ -22,11 +22,14 @@ for sanitizer in ${SANITIZERS:-thread address}; do
   echo "== $sanitizer sanitizer: running the suite"
   # AddressSanitizer's stack frames are several times larger than plain ones: the tests that nest 3,000 levels
   # deep on the main thread fit its 8 MiB without it, not with it. The limit is raised in proportion.
+  # The suppressions match symbolized frames; a child started with a bare environment (no PATH) must still find
+  # the symbolizer.
+  symbolizer=$(command -v llvm-symbolizer || true)
   stack_kib=$(ulimit -s)
   if [ "$sanitizer" = address ]; then stack_kib=65536; fi
   if ! JOBSERVER_SANITIZER="$sanitizer" \
-       TSAN_OPTIONS="log_path=$reports/report ${TSAN_OPTIONS:-}" \
-       ASAN_OPTIONS="log_path=$reports/report suppressions=$PWD/scripts/sanitize/asan.supp ${ASAN_OPTIONS:-}" \
+       TSAN_OPTIONS="log_path=$reports/report external_symbolizer_path=$symbolizer ${TSAN_OPTIONS:-}" \
+       ASAN_OPTIONS="log_path=$reports/report external_symbolizer_path=$symbolizer suppressions=$PWD/scripts/sanitize/asan.supp ${ASAN_OPTIONS:-}" \
        LSAN_OPTIONS="suppressions=$PWD/scripts/sanitize/lsan.supp print_suppressions=0 ${LSAN_OPTIONS:-}" \
        bash -c 'ulimit -s "$0" && exec "$@"' "$stack_kib" swift test --skip-build --disable-swift-testing --sanitize="$sanitizer" --scratch-path "$scratch" "$@"; then
     echo "== $sanitizer sanitizer: the suite failed"

@@ -1,6 +1,7 @@
 import Foundation
 import XCTest
 @testable import HTTPServer
+import TestSupport
 #if canImport(Glibc)
 import Glibc
 import Threads
@@ -122,7 +123,9 @@ final class HTTPServerHardeningTests: XCTestCase {
         XCTAssertTrue(written.waitUntilFinished(seconds: 30))
         XCTAssertEqual(written.value, requests.count)
         let growth = peak - baseline
-        XCTAssertLessThanOrEqual(growth, 100 << 20, "RSS grew by \(growth >> 20) MiB")
+        if !rssBoundsMeaningless {
+            XCTAssertLessThanOrEqual(growth, 100 << 20, "RSS grew by \(growth >> 20) MiB")
+        }
         print("backpressure: \(answeredUnread) answers made before the client read; RSS growth \(growth >> 20) MiB")
     }
 
