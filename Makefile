@@ -1,5 +1,5 @@
 SHELL := /bin/bash
-.PHONY: all build run test fuzz bench clean
+.PHONY: all build run test test-sanitize fuzz bench clean
 
 all: build
 
@@ -18,6 +18,11 @@ test:
 	swift test --disable-swift-testing
 	scripts/check-openapi.sh
 	Tests/Integration/run.sh
+
+# The XCTest suite under ThreadSanitizer, then AddressSanitizer; fails on any report.
+test-sanitize:
+	@scripts/ensure-deps.sh test
+	scripts/test-sanitize.sh
 
 # schemathesis with every check and the stateful phase, longer than make test's bounded run.
 fuzz:

@@ -27,14 +27,17 @@ let package = Package(
             providers: [.apt(["libpq-dev"])]
         ),
         .systemLibrary(name: "CHTTPLinux"),
-        .target(name: "HTTPServer", dependencies: ["CHTTPLinux"]),
-        .target(name: "JobCore", dependencies: ["CCurl", "CSQLite", "CPostgres"], linkerSettings: [.linkedLibrary("m")]),
-        .executableTarget(name: "JobServer", dependencies: ["HTTPServer", "JobCore", "CCurl"]),
+        // The one lock type and the one thread starter, shared by every module.
+        .target(name: "Threads"),
+        .target(name: "HTTPServer", dependencies: ["CHTTPLinux", "Threads"]),
+        .target(name: "JobCore", dependencies: ["CCurl", "CSQLite", "CPostgres", "Threads"], linkerSettings: [.linkedLibrary("m")]),
+        .executableTarget(name: "JobServer", dependencies: ["HTTPServer", "JobCore", "CCurl", "Threads"]),
         .executableTarget(name: "FetchBench", dependencies: ["JobCore"], path: "bench/FetchBench"),
         .executableTarget(name: "ParseBench", dependencies: ["JobCore"], path: "bench/ParseBench"),
         .executableTarget(name: "HTTPBenchServer", dependencies: ["HTTPServer"], path: "bench/HTTPBenchServer"),
         .target(name: "TestSupport", dependencies: ["JobCore"], path: "Tests/TestSupport"),
-        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport"]),
+        .testTarget(name: "ThreadsTests", dependencies: ["Threads"]),
+        .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport", "Threads"]),
         .testTarget(name: "JobCoreTests", dependencies: ["JobCore", "TestSupport"]),
         .testTarget(name: "JobServerTests", dependencies: ["JobServer", "HTTPServer", "JobCore", "TestSupport"]),
     ]

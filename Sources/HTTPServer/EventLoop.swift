@@ -1,6 +1,7 @@
 import CHTTPLinux
 import Glibc
 import Synchronization
+import Threads
 
 /// One accepted connection; owned by its event loop and touched only on that loop's thread.
 final class Connection {
@@ -67,6 +68,9 @@ struct LoopSettings {
 /// One thread running `epoll`: accepts on its own `SO_REUSEPORT` socket, reads, parses, dispatches,
 /// writes. Cross-thread work (late responses, shutdown) arrives through a locked inbox and an `eventfd`.
 final class EventLoop: @unchecked Sendable {
+    // @unchecked: the `var`s and `scratch` are touched only on the loop's own thread (`run` and what it calls);
+    // other threads reach the loop only through `post` (the `inbox` Locked plus an `eventfd` write), the Atomics
+    // `threadID` and `activeConnections`, and the immutable `settings`, `epollFD` and `wakeFD`.
     enum Message {
         case response(HTTPResponder, HTTPResponse)
         /// A handler set `onClose` from another thread.
@@ -91,7 +95,7 @@ final class EventLoop: @unchecked Sendable {
     private var connections: [Connection?] = []
     private var connectionCount = 0
     private var nextSerial: UInt32 = 0
-    private let inbox = Mutex<[Message]>([])
+    private let inbox = Locked<[Message]>([])
     private let threadID = Atomic<UInt>(0)
     /// Connections still owed work (not lingering), read by `HTTPServer.shutdown` to know when it drained.
     let activeConnections = Atomic<Int>(0)

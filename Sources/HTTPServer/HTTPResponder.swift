@@ -1,4 +1,4 @@
-import Synchronization
+import Threads
 
 /// Completes one request's response, from any thread, exactly once (later calls are ignored).
 ///
@@ -7,6 +7,8 @@ import Synchronization
 /// woken and writes the response). While a response is pending, later pipelined requests on the same
 /// connection wait, so responses always leave in request order.
 public final class HTTPResponder: @unchecked Sendable {
+    // @unchecked: `state` is a Locked; `routePattern` is set on the loop thread before the handler runs and read
+    // there when writing; every other stored property is immutable.
     private struct State {
         var done = false
         var connectionClosed = false
@@ -14,7 +16,7 @@ public final class HTTPResponder: @unchecked Sendable {
         var onClose: (@Sendable () -> Void)?
     }
 
-    private let state = Mutex(State())
+    private let state = Locked(State())
     /// The loop and connection this responder answers on; nil for a stand-alone responder.
     let loop: EventLoop?
     let connection: Connection?

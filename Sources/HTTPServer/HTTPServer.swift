@@ -1,6 +1,7 @@
 import CHTTPLinux
 import Glibc
 import Synchronization
+import Threads
 
 /// Settings of an `HTTPServer`; the defaults suit production.
 public struct HTTPServerConfiguration: Sendable {
@@ -40,6 +41,9 @@ public struct HTTPServerConfiguration: Sendable {
 /// waiting on locks held long, no synchronous I/O): hand slow work to another thread and answer
 /// through `HTTPResponder.send` when it is done.
 public final class HTTPServer: @unchecked Sendable {
+    // @unchecked: `phase` is a Locked; `loops` and `threads` are written by `start` and read by `beginShutdown` /
+    // `shutdown`, which run after `start` returned (a stop from another thread is ordered by `phase`'s lock,
+    // taken after `start` released it); the rest is immutable.
     private enum Phase {
         case idle
         case running
@@ -49,7 +53,7 @@ public final class HTTPServer: @unchecked Sendable {
 
     private let configuration: HTTPServerConfiguration
     private let router: Router
-    private let phase = Mutex(Phase.idle)
+    private let phase = Locked(Phase.idle)
     private var loops: [EventLoop] = []
     private var threads: [pthread_t] = []
 
@@ -107,8 +111,12 @@ public final class HTTPServer: @unchecked Sendable {
             phase.withLock { $0 = .stopped }
             throw error
         }
-        for loop in loops {
-            threads.append(try startThread { loop.run() })
+        for (index, loop) in loops.enumerated() {
+            do throws(ThreadStartError) {
+                threads.append(try startThread(name: "http-loop-\(index)") { loop.run() })
+            } catch {
+                throw HTTPServerError.systemCall(error.call, errno: error.errno)
+            }
         }
         return port
     }
@@ -240,26 +248,4 @@ public final class HTTPServer: @unchecked Sendable {
             }
         }
     }
-}
-
-private final class ThreadBody {
-    let body: () -> Void
-    init(_ body: @escaping () -> Void) { self.body = body }
-}
-
-/// Starts a plain pthread (no Foundation) running `body`.
-private func startThread(_ body: @escaping () -> Void) throws -> pthread_t {
-    let box = Unmanaged.passRetained(ThreadBody(body)).toOpaque()
-    var thread = pthread_t()
-    let result = pthread_create(&thread, nil, { argument in
-        guard let argument = argument else { return nil }
-        let body = Unmanaged<ThreadBody>.fromOpaque(argument).takeRetainedValue()
-        body.body()
-        return nil
-    }, box)
-    if result != 0 {
-        Unmanaged<ThreadBody>.fromOpaque(box).release()
-        throw HTTPServerError.systemCall("pthread_create", errno: result)
-    }
-    return thread
 }

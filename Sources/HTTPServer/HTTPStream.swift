@@ -1,4 +1,4 @@
-import Synchronization
+import Threads
 
 /// A response whose body is written over time, e.g. Server-Sent Events: the head goes out at once, each `write`
 /// later, from any thread, and `finish` ends it. Nothing is held per stream but its buffer: no thread waits.
@@ -9,7 +9,7 @@ import Synchronization
 /// A client that sends FIN ends the stream too: it has no request left to send on this connection, and this way
 /// it is let go at once rather than at the next write.
 public final class HTTPStream: @unchecked Sendable {
-    // @unchecked: `state` is a Mutex; `loop`, `connection` and `framing` are immutable and the connection is touched
+    // @unchecked: `state` is a Locked; `loop`, `connection` and `framing` are immutable and the connection is touched
     // only on its loop's thread (in `EventLoop.streamReady` and friends).
     struct State {
         /// Framed bytes written and not handed to the loop yet.
@@ -23,7 +23,7 @@ public final class HTTPStream: @unchecked Sendable {
         var onClose: (@Sendable () -> Void)?
     }
 
-    let state = Mutex(State())
+    let state = Locked(State())
     let loop: EventLoop?
     let connection: Connection?
     let responder: HTTPResponder

@@ -11,6 +11,8 @@ public typealias HTTPHandler = (HTTPRequest, HTTPResponder) -> Void
 /// Routes are read concurrently by every event loop and never changed once the server started,
 /// hence `@unchecked Sendable`.
 public final class Router: @unchecked Sendable {
+    // @unchecked: routes are added before `HTTPServer.start` (thread start orders the writes before every loop's
+    // reads) and only read afterwards.
     private enum Segment {
         case literal(String)
         case parameter(String)

@@ -2,6 +2,7 @@ import Foundation
 import HTTPServer
 import JobCore
 import Synchronization
+import Threads
 
 /// The routes of API.md §2.
 enum Route: CaseIterable {
@@ -56,6 +57,9 @@ enum Route: CaseIterable {
 /// write or wait for the store's writer (submit, cancel, delete, list and body, which flush) run on `diskQueues`;
 /// a long-poll holds no thread at all.
 final class App: @unchecked Sendable {
+    // @unchecked: `shuttingDown` is read and written only with `shutdownLock` held; `webhooks` is set once by
+    // `Service` before the server starts (thread start orders it before every handler); the rest is immutable
+    // or Sendable (`diskQueueTurn` is an Atomic, the queues are Dispatch's).
     private let engine: Engine
     private let fetcher: Fetcher
     private let config: ServerConfig
@@ -66,7 +70,7 @@ final class App: @unchecked Sendable {
     /// (A concurrent queue would run about one blocked submission per core.)
     private let diskQueues = (0..<32).map { DispatchQueue(label: "jobserver.disk.\($0)") }
     private let diskQueueTurn = Atomic<Int>(0)
-    private let shutdownLock = NSLock()
+    private let shutdownLock = Lock()
     private var shuttingDown = false
 
     /// The open event streams of `GET /v1/jobs/{id}/events`.
@@ -547,6 +551,8 @@ final class App: @unchecked Sendable {
 
 /// Lets a non-`Sendable` wait token be cancelled from the connection's close callback.
 private final class CancellableBox: @unchecked Sendable {
+    // @unchecked: `token` is immutable, and each `Cancellable` (`Waiter`, `JobEventSubscriber`) guards its own
+    // state with its `Lock`, so `cancel()` may run on any thread.
     private let token: Cancellable
     init(_ token: Cancellable) { self.token = token }
     func cancel() { token.cancel() }

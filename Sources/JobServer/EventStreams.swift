@@ -1,7 +1,7 @@
 import Foundation
 import HTTPServer
 import JobCore
-import Synchronization
+import Threads
 
 /// `GET /v1/jobs/{id}/events` (API.md §8): Server-Sent Events of one job, fed by `Engine.watchEvents`.
 ///
@@ -9,12 +9,12 @@ import Synchronization
 /// stream of the job (the text made once per batch), and the connection's loop sends it when the client reads.
 /// A client that reads too slowly is dropped by `HTTPStream`'s bound rather than buffered without end.
 final class EventStreams: @unchecked Sendable {
-    // @unchecked: `open` is a Mutex; `engine`, `logger` and `keepAliveIntervalMs` are immutable; `timer` is set once
+    // @unchecked: `open` is a Locked; `engine`, `logger` and `keepAliveIntervalMs` are immutable; `timer` is set once
     // under `open`'s lock.
     private let engine: Engine
     private let logger: Logger
     /// Streams open now, for the keep-alive comments.
-    private let open = Mutex<[ObjectIdentifier: HTTPStream]>([:])
+    private let open = Locked<[ObjectIdentifier: HTTPStream]>([:])
     private var timer: DispatchSourceTimer?
     private let keepAliveIntervalMs: Int
     /// A written event the client has not read may wait this long in memory per stream; then the stream closes.
@@ -110,7 +110,7 @@ final class EventStreams: @unchecked Sendable {
     private final class Subscription: @unchecked Sendable {
         // @unchecked: `token` and `cancelled` are guarded by `lock`; `stream` is read and written only on the engine's
         // event queue, where batches arrive one at a time.
-        private let lock = NSLock()
+        private let lock = Lock()
         private var token: Cancellable?
         private var cancelled = false
         var stream: HTTPStream?

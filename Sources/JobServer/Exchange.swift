@@ -33,6 +33,8 @@ struct APIRequest {
 
 /// One request's answer: sent once, from any thread, with `X-Request-Id` echoed and one log line.
 final class Exchange: @unchecked Sendable {
+    // @unchecked: every stored property is immutable; `answered` is an Atomic, so exactly one `send` wins;
+    // `registerOnClose` is only called on the handler's thread, before the handler hands the exchange on.
     /// From a safe `X-Request-Id` header, else generated.
     let requestID: String
     private let method: String

@@ -1,5 +1,6 @@
 import Foundation
 import JobCore
+import Threads
 
 /// Counts answered HTTP requests by route pattern, method and status. Fed from the
 /// server's `onResponse` hook on every event-loop thread, read by `/metrics`.
@@ -18,7 +19,7 @@ final class HTTPRequestCounter: @unchecked Sendable {
 
     /// Event loops count into the shard their thread picks, so that two loops rarely wait for one lock.
     private final class Shard: @unchecked Sendable {
-        let lock = NSLock()
+        let lock = Lock()
         var counts: [Key: Int] = [:]
     }
 

@@ -12,6 +12,8 @@ struct StartupError: Error, CustomStringConvertible {
 /// The whole server wired together: store, fetcher, engine, routes and HTTP listener.
 /// `main.swift` runs one; tests run one on port 0.
 final class Service: @unchecked Sendable {
+    // @unchecked: every stored property is an immutable reference to a type that is itself Sendable
+    // (each proves it at its declaration).
     let config: ServerConfig
     let engine: Engine
     let fetcher: Fetcher

@@ -1,9 +1,10 @@
 import Foundation
-import Synchronization
 import XCTest
 @testable import HTTPServer
+import TestSupport
 #if canImport(Glibc)
 import Glibc
+import Threads
 #endif
 
 /// Hostile and unusual clients: pipelining without reading, bodies that trickle in, partial heads,
@@ -122,7 +123,9 @@ final class HTTPServerHardeningTests: XCTestCase {
         XCTAssertTrue(written.waitUntilFinished(seconds: 30))
         XCTAssertEqual(written.value, requests.count)
         let growth = peak - baseline
-        XCTAssertLessThanOrEqual(growth, 100 << 20, "RSS grew by \(growth >> 20) MiB")
+        if !rssBoundsMeaningless {
+            XCTAssertLessThanOrEqual(growth, 100 << 20, "RSS grew by \(growth >> 20) MiB")
+        }
         print("backpressure: \(answeredUnread) answers made before the client read; RSS growth \(growth >> 20) MiB")
     }
 
@@ -311,7 +314,7 @@ func residentBytes() -> Int? {
 
 /// A count shared between handlers and the test, with a flag for "done".
 final class Counter: Sendable {
-    private let state = Mutex((value: 0, finished: false))
+    private let state = Locked((value: 0, finished: false))
 
     func increment() { add(1) }
     func add(_ n: Int) { state.withLock { $0.value += n } }

@@ -91,7 +91,9 @@ final class FetcherHostileUpstreamTests: FetcherTestCase {
         let small = try XCTUnwrap(fetchAndWait(fetcher, FetchRequest(url: upstream.url("/gzip/bomb?mib=1"), maxBytes: 65536)))
         XCTAssertEqual(small.error?.kind, .tooLarge)
         let after = try residentKiB()
-        XCTAssertLessThan(after - before, 50 * 1024, "RSS grew from \(before) KiB to \(after) KiB")
+        if !rssBoundsMeaningless {
+            XCTAssertLessThan(after - before, 50 * 1024, "RSS grew from \(before) KiB to \(after) KiB")
+        }
     }
 
     func testEncodingsAreOffered() throws {

@@ -33,7 +33,9 @@ final class FetcherLimitsTests: FetcherTestCase {
         let atLimit = try XCTUnwrap(fetchAndWait(fetcher, FetchRequest(url: upstream.url("/bytes/\(10 * 1024 * 1024)?chunked=1"), expect: .bytes)))
         XCTAssertEqual(atLimit.response?.bytes, 10 * 1024 * 1024)
         let after = try residentKiB()
-        XCTAssertLessThan(after - before, 50 * 1024, "RSS grew from \(before) KiB to \(after) KiB")
+        if !rssBoundsMeaningless {
+            XCTAssertLessThan(after - before, 50 * 1024, "RSS grew from \(before) KiB to \(after) KiB")
+        }
     }
 
     func testFiveRedirectsSucceedAndTheSixthFails() throws {

@@ -49,7 +49,9 @@ final class ExecutableTests: XCTestCase {
         let process = Process()
         process.executableURL = try binary()
         process.arguments = arguments
-        process.environment = environment
+        // A sanitizer build's child reports where the test's own reports go (`make test-sanitize`).
+        let sanitizerOptions = ProcessInfo.processInfo.environment.filter { $0.key.hasSuffix("SAN_OPTIONS") }
+        process.environment = sanitizerOptions.merging(environment) { $1 }
         let out = Pipe()
         let err = Pipe()
         process.standardOutput = out

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import Threads
 
 /// Runs jobs: turns each submitted graph into a tree of Deferreds, hands its
 /// fetches to the shared `Fetcher` through one fair, bounded queue, records
@@ -8,6 +9,9 @@ import Synchronization
 /// All mutable state belongs to one serial queue; public methods may be
 /// called from any thread and never wait on the network.
 public final class Engine: @unchecked Sendable {
+    // @unchecked: the `var`s marked "Owned by `queue`" are touched only on `queue`; `notifyStatus` is set once,
+    // before `start()`; the other stored properties are immutable references, and the objects they point to are
+    // used only on `queue` (`eventHub`, `scheduler`) or guard themselves (`settledJobs`, `timekeeper`, `reads`).
     let store: JobStore
     let fetcher: Fetcher
     let configuration: EngineConfiguration
@@ -886,8 +890,10 @@ public final class Engine: @unchecked Sendable {
 
 /// One long-poll waiting for a job to change.
 final class Waiter: Cancellable, @unchecked Sendable {
+    // @unchecked: `callback` and `timer` are guarded by `lock`; `engine` and `jobID` are set on the engine's queue
+    // inside the `queue.sync` that registers the waiter, before the waiter is returned to anyone who can `cancel` it.
     let afterVersion: Int64?
-    private let lock = NSLock()
+    private let lock = Lock()
     // Both guarded by `lock`; the timer's block holds the waiter, so it is let go once the waiter is done.
     private var callback: (@Sendable (JobRecord?) -> Void)?
     private var timer: DispatchWorkItem?
@@ -1042,7 +1048,7 @@ final class SettledJobCache: @unchecked Sendable {
     let capacityBytes: Int
     /// Bytes counted for an entry beyond its body and id: the dictionary slot, the order slot, the headers.
     static let overheadBytes = 96
-    private let lock = NSLock()
+    private let lock = Lock()
     private var entries: [String: SettledJob] = [:]
     /// Ids in insertion order from `head` on; an id may be stale (removed, or inserted again later).
     private var order: [String] = []

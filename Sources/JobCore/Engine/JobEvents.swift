@@ -1,4 +1,5 @@
 import Foundation
+import Threads
 
 /// What one job's event streams are sent at once (API.md §8 `GET /v1/jobs/{id}/events`): the job, the nodes whose
 /// state changed, and whether this is the last batch (the job settled, or the server stops).
@@ -14,7 +15,7 @@ public final class JobEventBatch: @unchecked Sendable {
     public let jobStateChanged: Bool
     /// Nothing follows: the stream ends after this batch.
     public let isLast: Bool
-    private let lock = NSLock()
+    private let lock = Lock()
     private var cache: [UInt8]?
 
     init(job: JobRecord, nodes: [NodeRecord], jobStateChanged: Bool, isLast: Bool) {
@@ -42,7 +43,7 @@ final class JobEventSubscriber: Cancellable, @unchecked Sendable {
     // @unchecked: `handler` is read and cleared with `lock` held; `jobID` is immutable; `engine` is weak and only
     // used to ask for the removal.
     let jobID: String
-    private let lock = NSLock()
+    private let lock = Lock()
     private var handler: (@Sendable (JobEventBatch?) -> Void)?
     weak var engine: Engine?
 

@@ -8,6 +8,8 @@ import Foundation
 /// node's Deferred, and a last link records the settled state. Everything
 /// here runs on the engine's queue.
 final class JobRun: @unchecked Sendable {
+    // @unchecked: every mutable property is touched only on the engine's `queue` (see above); the run is shared
+    // with other threads only as a reference handed back to that queue.
     unowned let engine: Engine
     /// Grows when a map expands (its copies are appended).
     var graph: JobGraph

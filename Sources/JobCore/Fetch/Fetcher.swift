@@ -1,4 +1,5 @@
 import CCurl
+import Threads
 
 #if canImport(Glibc)
 import Glibc
@@ -8,6 +9,8 @@ import Darwin
 
 /// Cancels one transfer started by `Fetcher.start`.
 public final class FetchHandle: @unchecked Sendable {
+    // @unchecked: `loop` is weak and never reassigned; `transfer` is immutable and `FetchLoop.cancel` touches it
+    // only with the loop's `mutex` held.
     private weak var loop: FetchLoop?
     private let transfer: Transfer
 
@@ -57,6 +60,7 @@ public final class FetchHandle: @unchecked Sendable {
 /// Retries happen only for idempotent requests; the wait is `retryBackoffMs`
 /// doubled per attempt with ±20 % jitter, or a `Retry-After` in seconds (at most 60).
 public final class Fetcher: @unchecked Sendable {
+    // @unchecked: its one stored property is an immutable reference to the `FetchLoop`, which guards itself.
     private let loop: FetchLoop
 
     /// Starts the fetcher's thread.
@@ -97,28 +101,6 @@ public final class Fetcher: @unchecked Sendable {
 
 /// `curl_global_init` once per process, before the first handle.
 private let curlGlobal: CURLcode = curl_global_init(Int(CURL_GLOBAL_ALL))
-
-/// A small mutex private to the fetcher, held for a few instructions at a time.
-private final class Mutex {
-    private let raw: UnsafeMutablePointer<pthread_mutex_t>
-
-    init() {
-        raw = .allocate(capacity: 1)
-        raw.initialize(to: pthread_mutex_t())
-        pthread_mutex_init(raw, nil)
-    }
-
-    deinit {
-        pthread_mutex_destroy(raw)
-        raw.deallocate()
-    }
-
-    func withLock<T>(_ body: () throws -> T) rethrows -> T {
-        pthread_mutex_lock(raw)
-        defer { pthread_mutex_unlock(raw) }
-        return try body()
-    }
-}
 
 /// One `start` call, across its attempts. Mutable fields other than
 /// `cancelRequested` belong to the fetcher's thread.
@@ -376,12 +358,14 @@ private let openSocketCallback: curl_opensocket_callback = { user, purpose, addr
 
 /// The state owned by the fetcher's thread, plus the locked queue that feeds it.
 final class FetchLoop: @unchecked Sendable {
+    // @unchecked: the properties marked "Guarded by `mutex`" are touched only with `mutex` held; those marked
+    // "The fetcher's thread only" only on the thread `init` starts; the rest is immutable.
     private let configuration: FetcherConfiguration
     private let denyList: [AddressRange]
     /// The system's roots plus `--ca-file`; `nil` without `--ca-file` (libcurl then reads the system's own).
     private let roots: TrustedRoots?
     private let multi: UnsafeMutableRawPointer
-    private let mutex = Mutex()
+    private let mutex = Lock()
 
     // Guarded by `mutex`.
     private var incoming: [Transfer] = []
@@ -417,20 +401,13 @@ final class FetchLoop: @unchecked Sendable {
         ccurl_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, configuration.maxConcurrentFetches)
         ccurl_multi_setopt_long(multi, CURLMOPT_PIPELINING, Int(CURLPIPE_MULTIPLEX))
 
-        let box = Unmanaged.passRetained(self).toOpaque()
-        var tid = pthread_t()
-        let created = pthread_create(&tid, nil, { arg in
-            guard let arg else { return nil }
-            let loop = Unmanaged<FetchLoop>.fromOpaque(arg).takeRetainedValue()
-            loop.run()
-            return nil
-        }, box)
-        guard created == 0 else {
-            Unmanaged<FetchLoop>.fromOpaque(box).release()
+        do throws(ThreadStartError) {
+            // The closure keeps the loop alive until its thread ends.
+            thread = try startThread(name: "fetcher") { self.run() }
+        } catch {
             curl_multi_cleanup(multi)
-            throw FetcherError("cannot start the fetcher's thread (error \(created))")
+            throw FetcherError("cannot start the fetcher's thread (error \(error.errno))")
         }
-        thread = tid
     }
 
     var inFlight: Int { mutex.withLock { counters.inFlight } }

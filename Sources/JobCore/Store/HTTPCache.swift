@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import Threads
 
 /// The private HTTP cache of `cache: "use"` fetches (API.md §9, RFC 9111), kept in the store's SQLite file
 /// (table `http_cache`) and bounded in bytes, the least recently used response out first.
@@ -16,7 +16,7 @@ public final class HTTPCache: @unchecked Sendable {
     private var totalBytes = 0
     private var entries = 0
     private var sequence: Int64 = 0
-    private let counters = Mutex(TransferMetrics())
+    private let counters = Locked(TransferMetrics())
 
     /// What a lookup found.
     enum Lookup {

@@ -31,6 +31,8 @@ import Darwin
 /// **Reads** use a small pool of their own connections; in WAL mode they read
 /// the last committed snapshot and never wait for the writer.
 public final class SQLiteJobStore: JobStore, @unchecked Sendable {
+    // @unchecked: `closed` is read and written only with `closeMonitor` held; the other properties are immutable
+    // references to types that are safe to share (each proves it at its declaration).
     /// The database file.
     public let path: String
 
@@ -460,6 +462,7 @@ enum WriteOp {
 
 /// The writer's inbox. Only the writer thread waits on it.
 final class WriteQueue: @unchecked Sendable {
+    // @unchecked: `ops` and `closed` are read and written only with `monitor` held.
     private let monitor = StoreMonitor()
     private var ops: [WriteOp] = []
     private var closed = false
@@ -581,6 +584,8 @@ final class WriterStatus: @unchecked Sendable {
 /// (50 ms up to 5 s) until they commit, while new submissions, deletes and flushes are refused at
 /// once rather than each one waiting on a failing disk. The first commit ends it.
 final class StoreWriter: @unchecked Sendable {
+    // @unchecked: the `var`s and `db` belong to the writer thread (`run` and what it calls), which is the only one
+    // that touches them after `init`; `status` is shared and guards itself.
     static let firstRetryMs: Int64 = 50
     static let maxRetryMs: Int64 = 5000
 
@@ -969,6 +974,8 @@ final class StoreWriter: @unchecked Sendable {
 
 /// Idle reader connections, handed to one thread at a time.
 final class ReaderPool: @unchecked Sendable {
+    // @unchecked: `idle` and `closed` are read and written only with `monitor` held; a connection taken from `idle`
+    // belongs to the one thread that took it until it is given back.
     private let path: String
     private let monitor = StoreMonitor()
     private var idle: [SQLiteConnection] = []

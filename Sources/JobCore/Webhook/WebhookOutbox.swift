@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import Threads
 
 /// Settings of the webhook deliveries.
 public struct WebhookConfiguration: Sendable {
@@ -39,7 +39,7 @@ public struct WebhookStats: Sendable, Equatable {
 /// crash is made again after the restart: at least once.
 public final class WebhookOutbox: @unchecked Sendable {
     // @unchecked: `database` is set on `queue` and read with `readLock` held; `inFlight`, `timer` and `stopped` are
-    // touched only on `queue`; `stats` is a Mutex; the rest is immutable.
+    // touched only on `queue`; `stats` is a Locked; the rest is immutable.
     private let openDatabase: @Sendable () throws -> WebhookOutboxDatabase
     private let fetcher: Fetcher
     private let store: JobStore
@@ -50,9 +50,9 @@ public final class WebhookOutbox: @unchecked Sendable {
     private var inFlight: Set<String> = []
     private var timer: DispatchSourceTimer?
     private var stopped = false
-    private let readLock = NSLock()
+    private let readLock = Lock()
     private var database: WebhookOutboxDatabase?
-    private let counters = Mutex(WebhookStats())
+    private let counters = Locked(WebhookStats())
     /// Called with a job's id after its delivery state changed (the engine drops its cached answer).
     private let onChange: @Sendable (String) -> Void
 

@@ -1,0 +1,79 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The project's one lock: a `pthread_mutex_t` with one condition variable.
+///
+/// Plain pthread calls because ThreadSanitizer intercepts them. Under `Synchronization.Mutex` the suite showed
+/// false races on the event loop's inbox on this toolchain: a contended `Mutex` waits in the Synchronization
+/// library's futex path, which is not instrumented, so TSan can miss the ordering it gives.
+/// Held only for a few instructions, to move values in or out; never across a callback, I/O or a wait on
+/// another lock.
+public final class Lock: @unchecked Sendable {
+    // @unchecked: the two pointers are set once in `init` and freed in `deinit`; everything else goes through
+    // the pthread calls, which are the synchronisation themselves.
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let condition: UnsafeMutablePointer<pthread_cond_t>
+
+    public init() {
+        mutex = .allocate(capacity: 1)
+        mutex.initialize(to: pthread_mutex_t())
+        pthread_mutex_init(mutex, nil)
+        condition = .allocate(capacity: 1)
+        condition.initialize(to: pthread_cond_t())
+        pthread_cond_init(condition, nil)
+    }
+
+    deinit {
+        pthread_cond_destroy(condition)
+        pthread_mutex_destroy(mutex)
+        condition.deallocate()
+        mutex.deallocate()
+    }
+
+    public func lock() { pthread_mutex_lock(mutex) }
+    public func unlock() { pthread_mutex_unlock(mutex) }
+
+    public func withLock<T>(_ body: () throws -> T) rethrows -> T {
+        lock()
+        defer { unlock() }
+        return try body()
+    }
+
+    /// Waits for a signal; call with the lock held.
+    public func wait() { pthread_cond_wait(condition, mutex) }
+
+    /// Waits for a signal or until `milliseconds` have passed; call with the lock held.
+    public func wait(milliseconds: Int64) {
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let total = Int64(now.tv_nsec) + (milliseconds % 1000) * 1_000_000
+        var deadline = timespec()
+        deadline.tv_sec = now.tv_sec + Int(milliseconds / 1000) + Int(total / 1_000_000_000)
+        deadline.tv_nsec = Int(total % 1_000_000_000)
+        pthread_cond_timedwait(condition, mutex, &deadline)
+    }
+
+    /// Wakes one waiter.
+    public func signal() { pthread_cond_signal(condition) }
+    /// Wakes every waiter.
+    public func broadcast() { pthread_cond_broadcast(condition) }
+}
+
+/// A value reachable only with its `Lock` held: the drop-in for `Synchronization.Mutex<Value>`.
+public final class Locked<Value>: @unchecked Sendable {
+    // @unchecked: `value` is read and written only inside `withLock`, with `lock` held; like `Mutex`, a
+    // `Locked` hands its value to one thread at a time, so the value itself need not be `Sendable`.
+    private let lock = Lock()
+    private var value: Value
+
+    public init(_ value: Value) { self.value = value }
+
+    public func withLock<T>(_ body: (inout Value) throws -> T) rethrows -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        return try body(&value)
+    }
+}

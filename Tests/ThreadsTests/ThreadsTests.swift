@@ -1,0 +1,64 @@
+import Foundation
+import Threads
+import XCTest
+
+final class ThreadsTests: XCTestCase {
+    func testStartThreadRunsTheBodyUnderItsNameAndJoins() throws {
+        let seen = Locked<String?>(nil)
+        let thread = try startThread(name: "threads-test", stackSize: 512 * 1024) {
+            let name = try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)
+            seen.withLock { $0 = name?.trimmingCharacters(in: .whitespacesAndNewlines) }
+        }
+        XCTAssertEqual(pthread_join(thread, nil), 0)
+        XCTAssertEqual(seen.withLock { $0 }, "threads-test")
+    }
+
+    func testALongNameIsCutToTheKernelsFifteenBytes() throws {
+        let seen = Locked<String?>(nil)
+        let thread = try startThread(name: "a-name-longer-than-fifteen-bytes") {
+            let name = try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)
+            seen.withLock { $0 = name?.trimmingCharacters(in: .whitespacesAndNewlines) }
+        }
+        XCTAssertEqual(pthread_join(thread, nil), 0)
+        XCTAssertEqual(seen.withLock { $0 }, "a-name-longer-t")
+    }
+
+    func testAStackSizeTheSystemRefusesIsAnErrorNotACrash() {
+        XCTAssertThrowsError(try startThread(name: "too-small", stackSize: 1) {}) { error in
+            XCTAssertEqual((error as? ThreadStartError)?.call, "pthread_attr_setstacksize")
+            XCTAssertEqual((error as? ThreadStartError)?.errno, EINVAL)
+        }
+    }
+
+    func testLockedGivesEachThreadTheValueInTurn() throws {
+        let counter = Locked(0)
+        let rounds = 20_000
+        let threads = try (0..<4).map { index in
+            try startThread(name: "count-\(index)") {
+                for _ in 0..<rounds { counter.withLock { $0 += 1 } }
+            }
+        }
+        for thread in threads { XCTAssertEqual(pthread_join(thread, nil), 0) }
+        XCTAssertEqual(counter.withLock { $0 }, 4 * rounds)
+    }
+
+    func testASignalWakesAWaiterAndATimedWaitReturnsWithoutOne() throws {
+        let lock = Lock()
+        var ready = false
+        let thread = try startThread(name: "signaller") {
+            lock.withLock {
+                ready = true
+                lock.signal()
+            }
+        }
+        lock.lock()
+        // Bounded: at most 100 waits of 100 ms, however the threads are scheduled.
+        for _ in 0..<100 where !ready { lock.wait(milliseconds: 100) }
+        let woke = ready
+        lock.unlock()
+        XCTAssertEqual(pthread_join(thread, nil), 0)
+        XCTAssertTrue(woke)
+        // Nobody signals: the timed wait returns on its own.
+        lock.withLock { lock.wait(milliseconds: 1) }
+    }
+}
