@@ -201,7 +201,7 @@ assert seen == {n["id"]: n["state"] for n in nodes}, "the resumed stream missed 
 print(f"{len(events)} events; resumed from id {open(sys.argv[3] + '.id').read().strip()}")
 PY
 
-step "1,000 streams on one job add no thread"
+step "1,000 streams on one job hold no thread each"
 threads() { awk '/^Threads:/ {print $2}' "/proc/$SERVER_PID/status"; }
 children="$(python3 -c "import json; print(json.dumps([{'type': 'fetch', 'url': '$UPSTREAM/delay/50'} for _ in range(10)]))")"
 submit "{\"graph\":{\"type\":\"sequence\",\"children\":[{\"type\":\"fetch\",\"url\":\"$UPSTREAM/delay/3000\"},{\"type\":\"list\",\"children\":$children}]}}"
@@ -215,12 +215,15 @@ for ((i = 0; i < 200; i++)); do
 done
 grep -q '^ready' "$TMP/many.out" || fail "1,000 streams did not open: $(cat "$TMP/many.err")"
 following="$(threads)"
+names="$(cat /proc/"$SERVER_PID"/task/*/comm | sort | uniq -c | sort -rn | awk '{printf "%s %s, ", $1, $2}')"
 wait "$many_pid" || fail "the 1,000 streams failed: $(cat "$TMP/many.err")"
 # Each stream gets the job at once, the 24 node state changes after the 3 s fetch it opened during, and the
 # last job event: 26 (fewer only if opening 1,000 streams took longer than that fetch).
 messages="$(tail -1 "$TMP/many.out" | jq .messages)"
-log "threads: $before before, $following with 1,000 streams open; $messages events delivered"
-[ "$following" -le $((before + 8)) ] || fail "threads grew from $before to $following with 1,000 streams"
+log "threads: $before before, $following with 1,000 streams open ($names); $messages events delivered"
+# A thread per stream would be 1,000 more. Dispatch's own pool may grow by a few dozen on a loaded machine (it
+# adds workers when the ones it has look stuck), which is not the streams' doing; 64 leaves room for that.
+[ "$following" -le $((before + 64)) ] || fail "threads grew from $before to $following with 1,000 streams"
 [ "$messages" -ge $((1000 * 20)) ] || fail "only $messages events reached the 1,000 streams"
 
 step "events of an unknown job: 404; a bad Last-Event-ID: 400"

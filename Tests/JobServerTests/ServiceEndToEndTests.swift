@@ -173,7 +173,8 @@ extension ServiceEndToEndTests {
         }
         try waitForLongPolls(1000)
         let threadsWaiting = try Self.threadCount()
-        XCTAssertLessThanOrEqual(threadsWaiting - threadsBefore, 4, "1,000 long-polls took \(threadsWaiting - threadsBefore) threads")
+        // A thread per long-poll would be 1,000 more; Dispatch's pool may add a few dozen workers on a loaded machine.
+        XCTAssertLessThanOrEqual(threadsWaiting - threadsBefore, 64, "1,000 long-polls took \(threadsWaiting - threadsBefore) threads")
         let cancelled = try RawHTTPClient.send(port: port, "POST", location + "/cancel")
         XCTAssertEqual(cancelled.status, 202, cancelled.text)
 
