@@ -5,7 +5,8 @@
 #  (b) start lateness: N jobs submitted with not_before 1–60 s after their own submission (uniformly at
 #      random), each a list of one fetch of the upstream fixture; once all have settled, started_at − not_before over
 #      every job, p50 / p99 / max, and how many started early (must be 0).
-# Sizes: SCHED_JOBS (default 100000), SCHED_MIN_S / SCHED_MAX_S (default 1 / 60).
+# Sizes: SCHED_JOBS (default 100000), SCHED_MIN_S / SCHED_MAX_S (default 1 / 60); (b) runs SCHED_RUNS times
+# (default 5), each on a fresh store, and reports the median and min–max of each figure.
 # Prints a markdown section on stdout; progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,7 @@ JOBS=${SCHED_JOBS:-100000}
 MIN_S=${SCHED_MIN_S:-1}
 MAX_S=${SCHED_MAX_S:-60}
 CLIENTS=${SCHED_CLIENTS:-16}
+RUNS=${SCHED_RUNS:-5}
 
 swift build -c release --product jobserver >&2
 BIN=$(swift build -c release --show-bin-path)/jobserver
@@ -93,21 +95,25 @@ scheduled=$(metric jobserver_jobs_scheduled)
 per_job=$(python3 -c "print(round(($rss_after - $rss_before) * 1024 / $JOBS))")
 kill -9 "$server_pid"; wait "$server_pid" 2>/dev/null || true
 
-# ---- (b) lateness
-start_server "$tmp/b.sqlite"
-echo "submitting $JOBS jobs ${MIN_S}-${MAX_S} s ahead" >&2
-near_s=$(submit near)
-# All settle by MAX_S after the last submission; a bounded wait past it.
-limit=$((${MAX_S%.*} + 120))
-for _ in $(seq 1 "$limit"); do
-    left=$(( $(metric 'jobserver_jobs{state="pending"}') + $(metric 'jobserver_jobs{state="running"}') ))
-    [ "$left" -eq 0 ] && break
-    sleep 1
-done
-rss_end=$(rss_kib "$server_pid")
-stats=$(python3 - "$server_port" <<'PY'
+# ---- (b) lateness, RUNS times, each on a fresh store
+# lateness_run N: one run; appends its stats (one JSON line) to $tmp/runs.
+lateness_run() {
+    start_server "$tmp/b$1.sqlite"
+    echo "run $1 of $RUNS: submitting $JOBS jobs ${MIN_S}-${MAX_S} s ahead" >&2
+    local near_s
+    near_s=$(submit near)
+    # All settle by MAX_S after the last submission; a bounded wait past it.
+    local limit=$((${MAX_S%.*} + 120)) left
+    for _ in $(seq 1 "$limit"); do
+        left=$(( $(metric 'jobserver_jobs{state="pending"}') + $(metric 'jobserver_jobs{state="running"}') ))
+        [ "$left" -eq 0 ] && break
+        sleep 1
+    done
+    local rss_end
+    rss_end=$(rss_kib "$server_pid")
+    python3 - "$server_port" "$near_s" "$rss_end" >>"$tmp/runs" <<'PY'
 import datetime, json, sys, urllib.request
-port = sys.argv[1]
+port, near_s, rss_end = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 def ms(t): return datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp() * 1000
 late, states, cursor = [], {}, None
 for _ in range(100000):
@@ -122,25 +128,44 @@ for _ in range(100000):
 late.sort()
 def pct(p): return late[min(len(late) - 1, int(len(late) * p))] if late else float("nan")
 print(json.dumps({"n": len(late), "p50": pct(0.5), "p99": pct(0.99), "max": late[-1] if late else None,
-                  "early": sum(1 for x in late if x < 0), "states": states}))
+                  "early": sum(1 for x in late if x < 0), "states": states, "submit_s": near_s,
+                  "rss_end_mib": rss_end // 1024}))
+PY
+    tail -1 "$tmp/runs" >&2
+    kill -9 "$server_pid"; wait "$server_pid" 2>/dev/null || true
+    rm -f "$tmp/b$1.sqlite"*
+}
+for run in $(seq 1 "$RUNS"); do lateness_run "$run"; done
+# The median and min–max over the runs of each figure, and the sums that must hold in every run.
+stats=$(python3 - "$tmp/runs" <<'PY'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def span(key, fmt="%d"):
+    xs = sorted(r[key] for r in runs)
+    return (fmt % statistics.median(xs)) + " (" + (fmt % xs[0]) + "–" + (fmt % xs[-1]) + ")"
+states = {}
+for r in runs:
+    for k, v in r["states"].items(): states[k] = states.get(k, 0) + v
+print(json.dumps({"runs": len(runs), "n": sum(r["n"] for r in runs), "p50": span("p50"), "p99": span("p99"),
+                  "max": span("max"), "early": sum(r["early"] for r in runs), "submit_s": span("submit_s", "%.1f"),
+                  "rss_end": span("rss_end_mib"), "each": ", ".join("%d" % r["p99"] for r in runs),
+                  "states": ", ".join("%s %d" % kv for kv in sorted(states.items()))}))
 PY
 )
-echo "$stats" >&2
-kill -9 "$server_pid"; wait "$server_pid" 2>/dev/null || true
-
 j() { jq -r "$1" <<<"$stats"; }
 started=$(j .n)
-states=$(j '.states | to_entries | map(.key + " " + (.value | tostring)) | join(", ")')
-p50=$(j '.p50 | floor')
-p99=$(j '.p99 | floor')
-max=$(j '.max | floor')
+states=$(j .states)
+p50=$(j .p50)
+p99=$(j .p99)
+max=$(j .max)
 early=$(j .early)
 cat <<MD
 ## Jobs waiting for \`not_before\`: memory and start lateness
 
 (a) $JOBS jobs submitted with \`not_before\` an hour ahead (in ${far_s} s, $CLIENTS connections): they wait as
 rows in the store, not in memory, under one timer. $scheduled counted by \`jobserver_jobs_scheduled\`.
-(b) $JOBS jobs, each with \`not_before\` ${MIN_S}–${MAX_S} s after its own submission (submitted in ${near_s} s),
+(b) $RUNS runs, each of $JOBS jobs on a fresh store, each job with \`not_before\` ${MIN_S}–${MAX_S} s after its own
+submission (submitting took $(j .submit_s) s; median and min–max),
 each a list of one fetch of the local upstream; lateness is \`started_at − not_before\` of every job once all
 settled (\`started_at\` is when the job began: its list root goes running at once; the fetch then waits for a transfer slot like any other). Release build, loopback.
 Commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- Sources bench || echo " (with local changes)").
@@ -149,12 +174,12 @@ Commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- Sources bench || 
 |---|---|
 | RSS per waiting job (a) | $per_job bytes ($(( (rss_after - rss_before) / 1024 )) MiB for $JOBS) |
 | server threads before / after submitting (a) | $threads_before / $threads_after |
-| jobs started (b) | $started of $JOBS ($states) |
-| start lateness p50 (b) | $p50 ms |
-| start lateness p99 (b) | $p99 ms |
-| start lateness max (b) | $max ms |
-| started before not_before (b) | $early |
-| RSS after (b), all settled | $((rss_end / 1024)) MiB |
+| jobs started (b), all runs | $started of $((JOBS * RUNS)) ($states) |
+| start lateness p50 (b), median (min–max) | $p50 ms |
+| start lateness p99 (b), median (min–max) | $p99 ms (runs: $(j .each)) |
+| start lateness max (b), median (min–max) | $max ms |
+| started before not_before (b), all runs | $early |
+| RSS after (b), all settled, median (min–max) | $(j .rss_end) MiB |
 
-Command: \`SCHED_JOBS=$JOBS SCHED_MIN_S=$MIN_S SCHED_MAX_S=$MAX_S bench/60-schedule.sh\`.
+Command: \`SCHED_JOBS=$JOBS SCHED_MIN_S=$MIN_S SCHED_MAX_S=$MAX_S SCHED_RUNS=$RUNS bench/60-schedule.sh\`.
 MD
