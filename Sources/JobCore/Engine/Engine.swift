@@ -68,6 +68,12 @@ public final class Engine: @unchecked Sendable {
     /// A stored job's webhook delivery state (`notify`), looked up on a read queue when the job is read from the
     /// store. Set once, before `start()`.
     public var notifyStatus: (@Sendable (String) -> NotifyStatus?)?
+    /// The store when several servers share it (PostgreSQL, API.md §10); `nil` on SQLite.
+    let shared: SharedJobStore?
+    /// Long-polls on jobs other servers run.
+    let remoteWaits = RemoteWaits()
+    /// Owned by `queue`: the poll behind `remoteWaits`.
+    var remotePollTimer: DispatchSourceTimer?
 
     /// - Parameters:
     ///   - store: where jobs live.
@@ -88,8 +94,10 @@ public final class Engine: @unchecked Sendable {
         self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
         self.scheduler = DispatchQueueScheduler(queue: queue)
         self.fetchQueue = FetchQueue(maxTotal: configuration.maxConcurrentFetches, maxPerHost: configuration.maxPerHost)
+        self.shared = store as? SharedJobStore
         timekeeper.engine = self
         self.fetchQueue.rateLimiter = HostRateLimiter(configuration.hostRates)
+        shared?.attach(self)
     }
 
     // MARK: - Start and stop
@@ -152,6 +160,7 @@ public final class Engine: @unchecked Sendable {
         }
         startSweeping()
         try timekeeper.start()
+        startSharing()
     }
 
     /// Settles as `cancelled` the nodes left pending or running in settled jobs (a `cancel_remaining: false`
@@ -250,6 +259,7 @@ public final class Engine: @unchecked Sendable {
                 for waiter in list { waiter.fire(job ?? (try? store.job(id: id)) ?? nil) }
             }
             waiters.removeAll()
+            answerRemoteWaiters()
             eventHub.endAll { runs[$0]?.record }
         }
     }
@@ -536,7 +546,7 @@ public final class Engine: @unchecked Sendable {
             switch again.state {
             case .cancelled: completion(.success(.alreadyCancelled(again)))
             case .succeeded, .failed, .skipped: completion(.success(.alreadySettled(again)))
-            case .pending, .running: completion(.failure(EngineError.storage("job \(id) is not running on this server")))
+            case .pending, .running: cancelElsewhere(id: id, completion)
             }
         } catch {
             completion(.failure(error))
@@ -636,6 +646,8 @@ public final class Engine: @unchecked Sendable {
             }
             // A job waiting in the store for its time is answered as soon as it changes, as a running one is.
             if job.dueAt != nil { return waitForScheduled(waiter, id: id, timeoutMs: timeoutMs) }
+            // Another server runs it: its changes are announced (API.md §10).
+            if shared != nil { waitRemotely(waiter, id: id) }
             let timer = DispatchWorkItem { [weak self, waiter] in
                 waiter.fire((try? self?.storedJob(id: id)) ?? nil)
             }
@@ -737,7 +749,9 @@ public final class Engine: @unchecked Sendable {
 
     private func pumpFetches() {
         pumpScheduled = false
-        guard !shuttingDown else { return }
+        // A server unsure of its leases begins nothing: another may be taking its jobs over (fencing stops
+        // their writes, this stops their transfers).
+        guard !shuttingDown, shared?.leasesHold ?? true else { return }
         while let (ticket, host) = fetchQueue.next() {
             if let run = runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) { continue }
             fetchQueue.finished(host: host)  // no longer wanted: give the slot back
@@ -853,6 +867,7 @@ public final class Engine: @unchecked Sendable {
         for state in NodeState.allCases { nodesByState[state, default: 0] -= run.record.progress[state] }
         if !run.record.state.isSettled { unsettledJobs -= 1 }
         fetchQueue.removeJob(run.id)
+        shared?.released(jobID: run.id)
     }
 
     // MARK: - Retention
