@@ -133,7 +133,11 @@ extension Engine: SharedStoreDelegate {
         }
     }
 
-    public func jobsChanged(_ ids: [String]) { checkRemoteWaiters(ids) }
+    /// A settled job changes again only when another server retries or deletes it: its cached answer goes.
+    public func jobsChanged(_ ids: [String]) {
+        for id in ids { settledJobs.remove(id) }
+        checkRemoteWaiters(ids)
+    }
 
     public func leasesRenewed() { queue.async { self.schedulePump() } }
 

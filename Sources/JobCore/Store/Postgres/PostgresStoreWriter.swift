@@ -300,6 +300,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
         try db.run(prepared: "delete_nodes", "DELETE FROM nodes WHERE job_id = $1", [.text(id)])
         try db.run(prepared: "delete_bodies", "DELETE FROM bodies WHERE job_id = $1", [.text(id)])
         try db.run(prepared: "delete_map_items", "DELETE FROM map_items WHERE job_id = $1", [.text(id)])
+        // Other servers drop their cached answer of the job.
+        if deleted { try notifyChanged([id]) }
         return deleted
     }
 
