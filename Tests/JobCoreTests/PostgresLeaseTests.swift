@@ -152,6 +152,23 @@ final class PostgresLeaseTests: XCTestCase {
         XCTAssertFalse(try second.requestCancel(id: "J404"))
     }
 
+    func testADueJobIsTakenByOneStoreOnly() throws {
+        let first = try PostgresJobStore(url: databaseURL)
+        defer { first.close() }
+        let second = try PostgresJobStore(url: databaseURL)
+        defer { second.close() }
+        var (record, nodes) = job("J1")
+        record.dueAt = 1_000
+        _ = try first.createJob(record, nodes: nodes, idempotencyKey: nil, requestHash: nil)
+        XCTAssertEqual(try raw("SELECT lease_owner IS NULL FROM jobs WHERE id = 'J1'").first?[0], "t", "nobody's while it waits")
+        var unreadable: [UnreadableJob] = []
+        XCTAssertEqual(try second.dueJobs(atOrBeforeMs: 2_000, after: nil, limit: 10, unreadable: &unreadable).map(\.job.id), ["J1"])
+        XCTAssertEqual(try first.dueJobs(atOrBeforeMs: 2_000, after: nil, limit: 10, unreadable: &unreadable).map(\.job.id), [])
+        XCTAssertEqual(
+            try second.dueJobs(atOrBeforeMs: 2_000, after: nil, limit: 10, unreadable: &unreadable).map(\.job.id), ["J1"],
+            "the holder finds it again")
+    }
+
     func testIdempotencyKeysAreUniqueOverStores() throws {
         let first = try PostgresJobStore(url: databaseURL)
         defer { first.close() }

@@ -407,13 +407,33 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var skipped: [UnreadableJob] = []
         defer { unreadable.append(contentsOf: skipped) }
+        // Every server's timekeeper finds the same due jobs: each is taken by one of them (its lease), and the
+        // others skip it, so that it starts once.
+        let claimed: [String: Int64] = try readers.with { db in
+            let rows = try db.run(
+                prepared: "due_claim",
+                "WITH c AS (SELECT id FROM jobs WHERE due_at IS NOT NULL AND due_at <= $1 "
+                    + "AND (due_at > $3 OR (due_at = $3 AND id > $4)) AND (lease_owner IS NULL "
+                    + "OR lease_expires_at IS NULL OR lease_expires_at < \(PostgresLeases.nowMs)) "
+                    + "ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) "
+                    + "UPDATE jobs j SET lease_owner = $5, lease_generation = j.lease_generation + 1, "
+                    + "lease_expires_at = \(PostgresLeases.nowMs) + $6 FROM c WHERE j.id = c.id "
+                    + "RETURNING j.id, j.lease_generation",
+                [.int(atOrBeforeMs), .int(max(1, limit)), .int(after?.dueAt ?? Int64.min), .text(after?.id ?? ""),
+                 .text(leases.owner), .int(leases.ttlMs)])
+            var claimed: [String: Int64] = [:]
+            for row in PGRows.rows(rows) { if let id = row.string(0) { claimed[id] = row.int64(1) } }
+            return claimed
+        }
+        leases.own(claimed)
         return try readers.snapshot { db in
             let jobRows = PGRows.rows(
                 try db.run(
                     prepared: "due_jobs",
                     "SELECT \(PGRows.job) FROM jobs WHERE due_at IS NOT NULL AND due_at <= $1 "
-                        + "AND (due_at > $3 OR (due_at = $3 AND id > $4)) ORDER BY due_at, id LIMIT $2",
-                    [.int(atOrBeforeMs), .int(max(1, limit)), .int(after?.dueAt ?? Int64.min), .text(after?.id ?? "")]))
+                        + "AND (due_at > $3 OR (due_at = $3 AND id > $4)) AND lease_owner = $5 ORDER BY due_at, id LIMIT $2",
+                    [.int(atOrBeforeMs), .int(max(1, limit)), .int(after?.dueAt ?? Int64.min), .text(after?.id ?? ""),
+                     .text(leases.owner)]))
             var found: [(job: JobRecord, nodes: [NodeRecord])] = []
             for row in jobRows {
                 let job: JobRecord
