@@ -81,6 +81,7 @@ print("%.1f %d" % (done[0] / (time.monotonic() - start), failed[0]))
 PY
 }
 
+load=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A rate failed cpu pgcpu pgcommits
 configs=(sqlite pg1 pg2 pg3)
 for config in "${configs[@]}"; do
@@ -139,6 +140,7 @@ PostgreSQL cluster (fsync on, default \`--lease-ttl\`), one configuration after 
 (\`--max-per-host 4096\`). $CLIENTS clients, spread round-robin over the servers, each submit a job of ten loopback
 fetches and long-poll it until it settles, for ${COMPLETE_SECONDS} s. CPU is user + system time over the run, in
 % of one core, per server and for all of PostgreSQL's processes; commits are PostgreSQL's over the same time.
+Load average when the run began: $load.
 
 | configuration | completed 10-node jobs / s | linear from 1 server | jobs not succeeded | server CPU % | PostgreSQL CPU % | PostgreSQL commits / s |
 |---|---|---|---|---|---|---|
