@@ -72,6 +72,34 @@ expect_status 200
 expect_jq .state succeeded
 [ $((SECONDS - began)) -lt 10 ] || fail "a long-poll on another server took $((SECONDS - began)) s to see the job settle"
 
+step "an event stream on one server follows the job running on another until it settles"
+children=""
+for ((f = 0; f < 4; f++)); do
+  [ -n "$children" ] && children+=","
+  children+="{\"type\":\"fetch\",\"id\":\"s$f\",\"url\":\"$UPSTREAM/delay/300?s=$f\"}"
+done
+api POST "$(node 0)/v1/jobs" "{\"graph\":{\"type\":\"sequence\",\"children\":[$children]}}"
+expect_status 201
+streamed="$(jget .id)"
+curl -sN --max-time 30 "$(node 2)/v1/jobs/$streamed/events" >"$TMP/sse.txt" || true
+python3 - "$TMP/sse.txt" <<'PY' || fail "the stream on another server was not the job's events: $(head -c 600 "$TMP/sse.txt")"
+import json, sys
+events, event = [], {}
+for line in open(sys.argv[1]).read().split("\n"):
+    if line == "":
+        if event: events.append(event)
+        event = {}
+    elif not line.startswith(":") and ":" in line:
+        key, _, value = line.partition(":")
+        event[key] = value.lstrip(" ")
+nodes = [json.loads(e["data"]) for e in events if e.get("event") == "node"]
+jobs = [json.loads(e["data"]) for e in events if e.get("event") == "job"]
+succeeded = {n["id"] for n in nodes if n["state"] == "succeeded"}
+assert jobs and jobs[-1]["state"] == "succeeded", "the stream does not end with the settled job"
+assert {"s0", "s1", "s2", "s3"} <= succeeded | {"root"}, "node events missing: %s" % sorted(succeeded)
+print("stream on another server: %d events, %d node events, ended with the job %s" % (len(events), len(nodes), jobs[-1]["state"]))
+PY
+
 step "$JOBS jobs submitted round-robin, each read and cancelled through other servers"
 # Eight requests at a time; each answer is checked against what one server answers.
 python3 - "$JOBS" "$UPSTREAM" "$(node 0)" "$(node 1)" "$(node 2)" >"$TMP/ids.txt" <<'PY' || fail "an answer differed from one server's (above)"

@@ -34,6 +34,28 @@ final class RemoteWaits: Sendable {
     }
 }
 
+/// Event streams on jobs other servers run: each follows its job from the store, on one serial queue (so that its
+/// batches go out in order), whenever the job is announced changed and at each poll.
+final class RemoteStreams: @unchecked Sendable {
+    // @unchecked: `streams` is touched only on `queue`.
+    let queue = DispatchQueue(label: "jobserver.remote-events")
+    var streams: [String: [Stream]] = [:]
+
+    final class Stream {
+        let subscriber: JobEventSubscriber
+        var job: JobRecord
+        var nodeStates: [String: NodeState]
+
+        init(subscriber: JobEventSubscriber, job: JobRecord, nodes: [NodeRecord]) {
+            self.subscriber = subscriber
+            self.job = job
+            var states: [String: NodeState] = [:]
+            for node in nodes { states[node.id] = node.state }
+            self.nodeStates = states
+        }
+    }
+}
+
 extension Engine: SharedStoreDelegate {
     /// After `start`: leases renewed and claimed from now on, and the poll behind remote long-polls.
     func startSharing() {
@@ -42,7 +64,10 @@ extension Engine: SharedStoreDelegate {
         let timer = DispatchSource.makeTimerSource(queue: DispatchQueue.global(qos: .utility))
         timer.schedule(
             deadline: .now() + .milliseconds(RemoteWaits.pollMs), repeating: .milliseconds(RemoteWaits.pollMs))
-        timer.setEventHandler { [weak self] in self?.checkRemoteWaiters(nil) }
+        timer.setEventHandler { [weak self] in
+            self?.checkRemoteWaiters(nil)
+            self?.checkRemoteStreams(nil)
+        }
         timer.resume()
         queue.sync { remotePollTimer = timer }
     }
@@ -51,6 +76,7 @@ extension Engine: SharedStoreDelegate {
     func answerRemoteWaiters() {
         remotePollTimer?.cancel()
         remotePollTimer = nil
+        endRemoteStreams()
         let all = remoteWaits.removeAll()
         guard !all.isEmpty else { return }
         onReadQueueShared {
@@ -110,6 +136,72 @@ extension Engine: SharedStoreDelegate {
         }
     }
 
+    /// Sends a stream's first batch and follows the job from the store from then on.
+    func streamRemotely(_ subscriber: JobEventSubscriber, first: JobEventBatch, nodes: [NodeRecord]) {
+        let fanOut = eventHub.fanOut
+        remoteStreams.queue.async {
+            fanOut.async { subscriber.deliver(first) }
+            let stream = RemoteStreams.Stream(subscriber: subscriber, job: first.job, nodes: nodes)
+            self.remoteStreams.streams[subscriber.jobID, default: []].append(stream)
+        }
+    }
+
+    /// Reads the jobs streamed from the store (`nil`: all of them) and sends each stream what changed.
+    func checkRemoteStreams(_ ids: [String]?) {
+        let fanOut = eventHub.fanOut
+        remoteStreams.queue.async {
+            for id in ids ?? Array(self.remoteStreams.streams.keys) {
+                guard var list = self.remoteStreams.streams[id] else { continue }
+                list.removeAll { $0.subscriber.done }
+                guard !list.isEmpty else {
+                    self.remoteStreams.streams[id] = nil
+                    continue
+                }
+                let read: JobRecord?
+                do {
+                    read = try self.storedJob(id: id)
+                } catch {
+                    continue  // the next poll tries again
+                }
+                guard let job = read else {
+                    for stream in list { fanOut.async { stream.subscriber.deliver(nil) } }
+                    self.remoteStreams.streams[id] = nil
+                    continue
+                }
+                guard list.contains(where: { $0.job.version < job.version }),
+                    let nodes = try? self.store.nodes(jobID: id, includeResults: false)
+                else {
+                    self.remoteStreams.streams[id] = list
+                    continue
+                }
+                for stream in list where stream.job.version < job.version {
+                    let changed = nodes.filter { stream.nodeStates[$0.id] != $0.state }.inTreeOrder()
+                    let batch = JobEventBatch(
+                        job: job, nodes: changed, jobStateChanged: stream.job.state != job.state, isLast: job.state.isSettled)
+                    for node in changed { stream.nodeStates[node.id] = node.state }
+                    stream.job = job
+                    fanOut.async { stream.subscriber.deliver(batch) }
+                }
+                list.removeAll { $0.job.state.isSettled }
+                self.remoteStreams.streams[id] = list.isEmpty ? nil : list
+            }
+        }
+    }
+
+    /// Ends the streams followed from the store with the job as last read (the server stops).
+    func endRemoteStreams() {
+        let fanOut = eventHub.fanOut
+        remoteStreams.queue.async {
+            for (_, list) in self.remoteStreams.streams {
+                for stream in list {
+                    let batch = JobEventBatch(job: stream.job, nodes: [], jobStateChanged: true, isLast: true)
+                    fanOut.async { stream.subscriber.deliver(batch) }
+                }
+            }
+            self.remoteStreams.streams.removeAll()
+        }
+    }
+
     // MARK: SharedStoreDelegate (called on the store's threads)
 
     public func leasesLost(_ ids: [String]) {
@@ -137,6 +229,7 @@ extension Engine: SharedStoreDelegate {
     public func jobsChanged(_ ids: [String]) {
         for id in ids { settledJobs.remove(id) }
         checkRemoteWaiters(ids)
+        checkRemoteStreams(ids)
     }
 
     public func leasesRenewed() { queue.async { self.schedulePump() } }
@@ -151,9 +244,21 @@ extension Engine: SharedStoreDelegate {
         run.stop()
         if !run.record.state.isSettled { leaveGate(run) }
         let waiting = waiters.removeValue(forKey: id) ?? []
+        let streams = eventHub.detach(id)
+        let nodes = run.nodeSnapshots(includeResults: false)
+        let record = run.record
         forget(run)
         for waiter in waiting { waitRemotely(waiter, id: id) }
+        if !streams.isEmpty {
+            remoteStreams.queue.async {
+                for subscriber in streams {
+                    self.remoteStreams.streams[id, default: []].append(
+                        RemoteStreams.Stream(subscriber: subscriber, job: record, nodes: nodes))
+                }
+            }
+        }
         checkRemoteWaiters([id])
+        checkRemoteStreams([id])
     }
 
     /// Resumes jobs this server claimed after their owner's lease expired, as `start` resumes the jobs of the

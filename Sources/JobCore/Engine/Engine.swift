@@ -37,7 +37,7 @@ public final class Engine: @unchecked Sendable {
     private var fetchQueue: FetchQueue
     var waiters: [String: [Waiter]] = [:]
     /// The event streams (`watchEvents`).
-    private let eventHub = JobEventHub()
+    let eventHub = JobEventHub()
     private var idGenerator = JobIDGenerator()
     var shuttingDown = false
     private var sweepTimer: DispatchSourceTimer?
@@ -70,8 +70,9 @@ public final class Engine: @unchecked Sendable {
     public var notifyStatus: (@Sendable (String) -> NotifyStatus?)?
     /// The store when several servers share it (PostgreSQL, API.md §10); `nil` on SQLite.
     let shared: SharedJobStore?
-    /// Long-polls on jobs other servers run.
+    /// Long-polls and event streams on jobs other servers run.
     let remoteWaits = RemoteWaits()
+    let remoteStreams = RemoteStreams()
     /// Owned by `queue`: the poll behind `remoteWaits`.
     var remotePollTimer: DispatchSourceTimer?
 
@@ -707,9 +708,16 @@ public final class Engine: @unchecked Sendable {
                 do {
                     if let job = try self.storedJob(id: id) {
                         var nodes: [NodeRecord] = []
+                        // Another server runs it (API.md §10): followed from the store until it settles.
+                        let remote = self.shared != nil && !job.state.isSettled
                         // At or after: a client cut off among the events of the job's last version needs them again.
-                        if let after = afterVersion, after <= job.version {
+                        let resumed = afterVersion.map { $0 <= job.version } ?? false
+                        if remote || resumed {
                             nodes = try self.store.nodes(jobID: id, includeResults: false)
+                        }
+                        if remote {
+                            let first = JobEventBatch(job: job, nodes: resumed ? nodes : [], jobStateChanged: true, isLast: false)
+                            return self.streamRemotely(subscriber, first: first, nodes: nodes)
                         }
                         batch = JobEventBatch(job: job, nodes: nodes, jobStateChanged: true, isLast: true)
                     } else {
