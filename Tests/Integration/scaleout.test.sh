@@ -81,7 +81,7 @@ done
 api POST "$(node 0)/v1/jobs" "{\"graph\":{\"type\":\"sequence\",\"children\":[$children]}}"
 expect_status 201
 streamed="$(jget .id)"
-curl -sN --max-time 30 "$(node 2)/v1/jobs/$streamed/events" >"$TMP/sse.txt" || true
+curl -sN --max-time 30 "$(node 2)/v1/jobs/$streamed/events?since=0" >"$TMP/sse.txt" || true
 python3 - "$TMP/sse.txt" <<'PY' || fail "the stream on another server was not the job's events: $(head -c 600 "$TMP/sse.txt")"
 import json, sys
 events, event = [], {}
@@ -99,6 +99,21 @@ assert jobs and jobs[-1]["state"] == "succeeded", "the stream does not end with 
 assert {"s0", "s1", "s2", "s3"} <= succeeded | {"root"}, "node events missing: %s" % sorted(succeeded)
 print("stream on another server: %d events, %d node events, ended with the job %s" % (len(events), len(nodes), jobs[-1]["state"]))
 PY
+
+step "an idempotency key is one job over all servers"
+body="{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}}"
+keyed=()
+for n in 0 1 2; do
+  curl -sS -o "$TMP/keyed-$n.json" -w '%{http_code}\n' --max-time 10 -X POST -H 'Content-Type: application/json' \
+    -H 'Idempotency-Key: scaleout-key-1' --data "$body" "$(node "$n")/v1/jobs" >"$TMP/keyed-$n.code" &
+  keyed+=($!)
+done
+for pid in "${keyed[@]}"; do wait "$pid" || true; done
+keyed_ids="$(jq -r .id "$TMP"/keyed-[012].json | sort -u)"
+[ "$(echo "$keyed_ids" | wc -l)" = 1 ] || fail "one key made several jobs: $keyed_ids"
+[ "$(cat "$TMP"/keyed-[012].code | grep -c 201)" = 1 ] || fail "not exactly one 201: $(cat "$TMP"/keyed-[012].code)"
+api POST "$(node 2)/v1/jobs" "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json?other\"}}" -H 'Idempotency-Key: scaleout-key-1'
+expect_status 409
 
 step "$JOBS jobs submitted round-robin, each read and cancelled through other servers"
 # Eight requests at a time; each answer is checked against what one server answers.
