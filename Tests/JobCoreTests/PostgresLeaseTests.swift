@@ -6,8 +6,7 @@ import XCTest
 @testable import JobCore
 
 /// Records what a store tells its engine about leases.
-private final class LeaseEvents: SharedStoreDelegate, @unchecked Sendable {
-    // @unchecked: every stored property is `Locked`.
+private final class LeaseEvents: SharedStoreDelegate {
     let lost = Locked<[String]>([])
     let claimed = Locked<[String]>([])
     let cancels = Locked<[String]>([])
