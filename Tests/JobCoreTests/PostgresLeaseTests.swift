@@ -168,6 +168,24 @@ final class PostgresLeaseTests: XCTestCase {
             "the holder finds it again")
     }
 
+    func testHostSlotsAreSharedByStores() throws {
+        let first = try PostgresJobStore(url: databaseURL)
+        defer { first.close() }
+        let second = try PostgresJobStore(url: databaseURL)
+        defer { second.close() }
+        let taken = Locked<[String]>([])
+        first.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("first 1") } } }
+        first.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("first 2") } } }
+        XCTAssertTrue(eventually { taken.withLock { $0.count } == 2 })
+        second.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("second") } } }
+        second.acquireHostSlot("http://other", limit: 2) { if $0 { taken.withLock { $0.append("other host") } } }
+        XCTAssertTrue(eventually { taken.withLock { $0.contains("other host") } })
+        usleep(300_000)
+        XCTAssertFalse(taken.withLock { $0.contains("second") }, "both slots of the host are held by the other store")
+        first.releaseHostSlot("http://h")
+        XCTAssertTrue(eventually { taken.withLock { $0.contains("second") } }, "a slot given back is taken by the waiting store")
+    }
+
     func testIdempotencyKeysAreUniqueOverStores() throws {
         let first = try PostgresJobStore(url: databaseURL)
         defer { first.close() }

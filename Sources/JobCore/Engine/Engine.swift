@@ -746,6 +746,7 @@ public final class Engine: @unchecked Sendable {
 
     func fetchFinished(host: String) {
         fetchQueue.finished(host: host)
+        shared?.releaseHostSlot(host)
         schedulePump()
     }
 
@@ -761,10 +762,31 @@ public final class Engine: @unchecked Sendable {
         // their writes, this stops their transfers).
         guard !shuttingDown, shared?.leasesHold ?? true else { return }
         while let (ticket, host) = fetchQueue.next() {
+            if let shared {
+                beginWithHostSlot(ticket, host: host, shared)
+                continue
+            }
             if let run = runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) { continue }
             fetchQueue.finished(host: host)  // no longer wanted: give the slot back
         }
         if let due = fetchQueue.rateDueNs { pumpAtRateDue(due) }
+    }
+
+    /// With servers sharing a database, a fetch that has this server's slot for its host also takes one of the
+    /// host's slots over all servers (`--max-per-host` holds over all of them, API.md §10) before it begins; it
+    /// keeps this server's slot while it waits. On the queue.
+    private func beginWithHostSlot(_ ticket: FetchQueue.Ticket, host: String, _ shared: SharedJobStore) {
+        shared.acquireHostSlot(host, limit: configuration.maxPerHost) { taken in
+            self.queue.async {
+                if taken, !self.shuttingDown, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
+                    return
+                }
+                // No longer wanted (or the store closed): both slots go back.
+                self.fetchQueue.finished(host: host)
+                if taken { shared.releaseHostSlot(host) }
+                self.schedulePump()
+            }
+        }
     }
 
     /// Pumps again when a fetch held back by `--host-rate` may start; one timer per distinct due time.

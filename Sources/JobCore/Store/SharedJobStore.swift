@@ -24,6 +24,13 @@ public protocol SharedJobStore: JobStore {
 
     /// How long a lease lasts without renewal.
     var leaseTtlMs: Int64 { get }
+
+    /// Takes one of the `limit` transfer slots of `host` over all servers (`--max-per-host`); `completion(true)`
+    /// once one is taken (it waits for one meanwhile), `completion(false)` if the store closes first.
+    func acquireHostSlot(_ host: String, limit: Int, _ completion: @escaping @Sendable (Bool) -> Void)
+
+    /// Gives back one slot of `host` taken by `acquireHostSlot`.
+    func releaseHostSlot(_ host: String)
 }
 
 /// Told by a `SharedJobStore` what happened to this server's jobs; calls come on the store's threads and must

@@ -41,6 +41,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     let leases: PostgresLeases
     private var keeper: PostgresLeaseKeeper?
     private let url: String
+    private let hostSlots: PostgresHostSlots
 
     /// The default of `--lease-ttl` (API.md §10).
     public static let defaultLeaseTtlMs: Int64 = 15_000
@@ -66,6 +67,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         self.queue = queue
         self.writerStatus = writer.status
         self.readers = PostgresReaderPool(url: url)
+        self.hostSlots = PostgresHostSlots(url: url, logger: logger)
         self.writerThread = try StoreThread { writer.run(queue) }
         logger.debug("store opened", ["database": .string("postgresql"), "server": .string(leases.owner)])
     }
@@ -96,6 +98,12 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     public func released(jobID: String) { leases.release(jobID) }
 
     public var leaseTtlMs: Int64 { leases.ttlMs }
+
+    public func acquireHostSlot(_ host: String, limit: Int, _ completion: @escaping @Sendable (Bool) -> Void) {
+        hostSlots.acquire(host, limit: limit, completion)
+    }
+
+    public func releaseHostSlot(_ host: String) { hostSlots.release(host) }
 
     public func requestCancel(id: String) throws -> Bool {
         try readers.with { db in
@@ -185,6 +193,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         let keeper = self.keeper
         closeMonitor.unlock()
         keeper?.stop()
+        hostSlots.close()
         queue.close()
         writerThread.join()
         // Everything is written: the jobs still held go to the other servers at their next heartbeat rather
