@@ -123,6 +123,6 @@ and long-poll it until it settles, for ${COMPLETE_SECONDS} s.
 | (b) jobs not succeeded | ${not_ok[sqlite]} | ${not_ok[postgres]} |
 
 Both stores commit each batch of submissions in one transaction; PostgreSQL runs on the same two cores as the
-server and the load generator, so its figures include its own CPU. One server per database: several servers on
-one PostgreSQL (leases) are not measured because they are not built.
+server and the load generator, so its figures include its own CPU. Several servers on one PostgreSQL:
+\`bench/76-scaleout.sh\`.
 MD

@@ -26,6 +26,8 @@ struct ServerConfig: Equatable {
     /// Settled jobs older than this are deleted; 0 keeps them forever.
     var retentionMs: Int64 = 7 * 86_400_000
     var shutdownGraceMs = 10_000
+    /// `--lease-ttl`: how long a server's hold on a job lasts without renewal on PostgreSQL (API.md §10).
+    var leaseTtlMs: Int64 = 15_000
     /// The longest a whole request (head and body) may take to arrive before `408`.
     var requestTimeoutMs: Int64 = 30_000
     var maxActiveJobs = 10_000
@@ -152,6 +154,14 @@ enum CommandLineParser {
         },
         Option(flag: "--shutdown-grace", help: "time to finish on SIGTERM (default 10s)") { c, v, _ in
             c.shutdownGraceMs = Int(try duration(v, flag: "--shutdown-grace"))
+        },
+        Option(
+            flag: "--lease-ttl",
+            help: "with a postgres:// --db: a dead server's jobs are taken over this long after its last heartbeat, 1s to 1h (default 15s)"
+        ) { c, v, _ in
+            let ms = try duration(v, flag: "--lease-ttl")
+            guard (1_000...3_600_000).contains(ms) else { throw ConfigError(message: "--lease-ttl: must be from 1s to 1h") }
+            c.leaseTtlMs = ms
         },
         Option(flag: "--request-timeout", help: "time to receive a whole request, head and body (default 30s)") {
             c, v, _ in

@@ -32,7 +32,7 @@ final class Service: @unchecked Sendable {
         if config.usesPostgres {
             let url = config.dbPath
             do {
-                store = try PostgresJobStore(url: url, logger: logger)
+                store = try PostgresJobStore(url: url, logger: logger, leaseTtlMs: config.leaseTtlMs)
             } catch {
                 // libpq's reason never includes the password; the URL might.
                 throw StartupError(step: "open the PostgreSQL store", underlying: error)

@@ -29,7 +29,10 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          ?retry_after=S adds Retry-After: S); ?delay_ms=D
                          sleeps D ms before answering
   /span/{key}            records when the request began and ended under key
-                         (?tag=T labels it, ?delay_ms=D sleeps D ms first);
+                         (?tag=T labels it, ?delay_ms=D sleeps D ms first;
+                         ?pid=NAME also records as "pid" the process id of the
+                         client, a process whose name starts with NAME, found
+                         through /proc);
                          200 {"key":key,"tag":T}; see "spans" in /stats
   /echo, /echo/*         200 {"method","path","query","headers":{lowercased
                          name: value},"body":"<utf8 text>"}
@@ -305,6 +308,47 @@ class Handler(BaseHTTPRequestHandler):
         os.close(fd)
         self.close_connection = True
 
+    def client_pid(self, name):
+        """The pid of the local process named name… whose socket is this connection's other end (Linux /proc), or
+        None; looked up once per connection, among the processes of that name only (scanning every process's
+        descriptors takes seconds on a busy machine)."""
+        if hasattr(self, "_client_pid"):
+            return self._client_pid
+        self._client_pid = None
+        try:
+            peer_port = self.connection.getpeername()[1]
+            own_port = self.connection.getsockname()[1]
+            want = ":%04X" % peer_port
+            other = ":%04X" % own_port
+            inode = None
+            for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+                with open(table) as f:
+                    for line in f.readlines()[1:]:
+                        fields = line.split()
+                        if fields[1].endswith(want) and fields[2].endswith(other):
+                            inode = fields[9]
+                            break
+                if inode:
+                    break
+            if inode:
+                target = "socket:[%s]" % inode
+                for pid in os.listdir("/proc"):
+                    if not pid.isdigit():
+                        continue
+                    try:
+                        with open("/proc/%s/comm" % pid) as f:
+                            if not f.read().startswith(name[:15]):
+                                continue
+                        for fd in os.listdir("/proc/%s/fd" % pid):
+                            if os.readlink("/proc/%s/fd/%s" % (pid, fd)) == target:
+                                self._client_pid = int(pid)
+                                return self._client_pid
+                    except OSError:
+                        continue
+        except OSError:
+            pass
+        return self._client_pid
+
     # -- dispatch ----------------------------------------------------------
 
     def handle_any(self):
@@ -377,6 +421,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(302, {"redirect": query.get("url", "")}, extra=[("Location", query.get("url", "/"))])
         elif segments[1] == "span" and arg:
             span = {"tag": query.get("tag", ""), "start": time.time(), "end": None}
+            if query.get("pid"):
+                span["pid"] = self.client_pid(query["pid"])
             with STATS.lock:
                 STATS.spans.setdefault(arg, []).append(span)
             if self.wait(int(query.get("delay_ms", "0")) / 1000.0, path):

@@ -142,6 +142,16 @@ final class ServerConfigTests: XCTestCase {
         XCTAssertFalse(try serve(["--db", "/tmp/postgres/jobs.sqlite"]).usesPostgres)
     }
 
+    func testLeaseTtlDefaultsTo15sAndIsBounded() throws {
+        XCTAssertEqual(try serve([]).leaseTtlMs, 15_000)
+        XCTAssertEqual(try serve(["--lease-ttl", "2s"]).leaseTtlMs, 2_000)
+        XCTAssertEqual(try serve([], env: ["JOBSERVER_LEASE_TTL": "1m"]).leaseTtlMs, 60_000)
+        assertRefused(["--lease-ttl", "500ms"], mentioning: "--lease-ttl")
+        assertRefused(["--lease-ttl", "2h"], mentioning: "--lease-ttl")
+        assertRefused(["--lease-ttl", "soon"], mentioning: "--lease-ttl")
+        XCTAssertTrue(CommandLineParser.usage.contains("--lease-ttl"))
+    }
+
     func testBadValuesAreRefusedNamingTheFlag() {
         assertRefused(["--port", "65536"], mentioning: "--port")
         assertRefused(["--port", "http"], mentioning: "--port")

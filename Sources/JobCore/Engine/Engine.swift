@@ -37,7 +37,7 @@ public final class Engine: @unchecked Sendable {
     private var fetchQueue: FetchQueue
     var waiters: [String: [Waiter]] = [:]
     /// The event streams (`watchEvents`).
-    private let eventHub = JobEventHub()
+    let eventHub = JobEventHub()
     private var idGenerator = JobIDGenerator()
     var shuttingDown = false
     private var sweepTimer: DispatchSourceTimer?
@@ -68,6 +68,13 @@ public final class Engine: @unchecked Sendable {
     /// A stored job's webhook delivery state (`notify`), looked up on a read queue when the job is read from the
     /// store. Set once, before `start()`.
     public var notifyStatus: (@Sendable (String) -> NotifyStatus?)?
+    /// The store when several servers share it (PostgreSQL, API.md §10); `nil` on SQLite.
+    let shared: SharedJobStore?
+    /// Long-polls and event streams on jobs other servers run.
+    let remoteWaits = RemoteWaits()
+    let remoteStreams = RemoteStreams()
+    /// Owned by `queue`: the poll behind `remoteWaits`.
+    var remotePollTimer: DispatchSourceTimer?
 
     /// - Parameters:
     ///   - store: where jobs live.
@@ -88,8 +95,10 @@ public final class Engine: @unchecked Sendable {
         self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
         self.scheduler = DispatchQueueScheduler(queue: queue)
         self.fetchQueue = FetchQueue(maxTotal: configuration.maxConcurrentFetches, maxPerHost: configuration.maxPerHost)
+        self.shared = store as? SharedJobStore
         timekeeper.engine = self
         self.fetchQueue.rateLimiter = HostRateLimiter(configuration.hostRates)
+        shared?.attach(self)
     }
 
     // MARK: - Start and stop
@@ -152,6 +161,7 @@ public final class Engine: @unchecked Sendable {
         }
         startSweeping()
         try timekeeper.start()
+        startSharing()
     }
 
     /// Settles as `cancelled` the nodes left pending or running in settled jobs (a `cancel_remaining: false`
@@ -250,6 +260,7 @@ public final class Engine: @unchecked Sendable {
                 for waiter in list { waiter.fire(job ?? (try? store.job(id: id)) ?? nil) }
             }
             waiters.removeAll()
+            answerRemoteWaiters()
             eventHub.endAll { runs[$0]?.record }
         }
     }
@@ -536,7 +547,7 @@ public final class Engine: @unchecked Sendable {
             switch again.state {
             case .cancelled: completion(.success(.alreadyCancelled(again)))
             case .succeeded, .failed, .skipped: completion(.success(.alreadySettled(again)))
-            case .pending, .running: completion(.failure(EngineError.storage("job \(id) is not running on this server")))
+            case .pending, .running: cancelElsewhere(id: id, completion)
             }
         } catch {
             completion(.failure(error))
@@ -636,6 +647,8 @@ public final class Engine: @unchecked Sendable {
             }
             // A job waiting in the store for its time is answered as soon as it changes, as a running one is.
             if job.dueAt != nil { return waitForScheduled(waiter, id: id, timeoutMs: timeoutMs) }
+            // Another server runs it: its changes are announced (API.md §10).
+            if shared != nil { waitRemotely(waiter, id: id) }
             let timer = DispatchWorkItem { [weak self, waiter] in
                 waiter.fire((try? self?.storedJob(id: id)) ?? nil)
             }
@@ -695,9 +708,16 @@ public final class Engine: @unchecked Sendable {
                 do {
                     if let job = try self.storedJob(id: id) {
                         var nodes: [NodeRecord] = []
+                        // Another server runs it (API.md §10): followed from the store until it settles.
+                        let remote = self.shared != nil && !job.state.isSettled
                         // At or after: a client cut off among the events of the job's last version needs them again.
-                        if let after = afterVersion, after <= job.version {
+                        let resumed = afterVersion.map { $0 <= job.version } ?? false
+                        if remote || resumed {
                             nodes = try self.store.nodes(jobID: id, includeResults: false)
+                        }
+                        if remote {
+                            let first = JobEventBatch(job: job, nodes: resumed ? nodes : [], jobStateChanged: true, isLast: false)
+                            return self.streamRemotely(subscriber, first: first, nodes: nodes)
                         }
                         batch = JobEventBatch(job: job, nodes: nodes, jobStateChanged: true, isLast: true)
                     } else {
@@ -726,6 +746,7 @@ public final class Engine: @unchecked Sendable {
 
     func fetchFinished(host: String) {
         fetchQueue.finished(host: host)
+        shared?.releaseHostSlot(host)
         schedulePump()
     }
 
@@ -737,12 +758,35 @@ public final class Engine: @unchecked Sendable {
 
     private func pumpFetches() {
         pumpScheduled = false
-        guard !shuttingDown else { return }
+        // A server unsure of its leases begins nothing: another may be taking its jobs over (fencing stops
+        // their writes, this stops their transfers).
+        guard !shuttingDown, shared?.leasesHold ?? true else { return }
         while let (ticket, host) = fetchQueue.next() {
+            if let shared {
+                beginWithHostSlot(ticket, host: host, shared)
+                continue
+            }
             if let run = runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) { continue }
             fetchQueue.finished(host: host)  // no longer wanted: give the slot back
         }
         if let due = fetchQueue.rateDueNs { pumpAtRateDue(due) }
+    }
+
+    /// With servers sharing a database, a fetch that has this server's slot for its host also takes one of the
+    /// host's slots over all servers (`--max-per-host` holds over all of them, API.md §10) before it begins; it
+    /// keeps this server's slot while it waits. On the queue.
+    private func beginWithHostSlot(_ ticket: FetchQueue.Ticket, host: String, _ shared: SharedJobStore) {
+        shared.acquireHostSlot(host, limit: configuration.maxPerHost) { taken in
+            self.queue.async {
+                if taken, !self.shuttingDown, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
+                    return
+                }
+                // No longer wanted (or the store closed): both slots go back.
+                self.fetchQueue.finished(host: host)
+                if taken { shared.releaseHostSlot(host) }
+                self.schedulePump()
+            }
+        }
     }
 
     /// Pumps again when a fetch held back by `--host-rate` may start; one timer per distinct due time.
@@ -853,6 +897,7 @@ public final class Engine: @unchecked Sendable {
         for state in NodeState.allCases { nodesByState[state, default: 0] -= run.record.progress[state] }
         if !run.record.state.isSettled { unsettledJobs -= 1 }
         fetchQueue.removeJob(run.id)
+        shared?.released(jobID: run.id)
     }
 
     // MARK: - Retention

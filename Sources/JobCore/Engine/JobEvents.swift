@@ -66,6 +66,9 @@ final class JobEventSubscriber: Cancellable, @unchecked Sendable {
         lock.withLock { handler = nil }
         engine?.removeEventSubscriber(self)
     }
+
+    /// Cancelled, or sent its last batch.
+    var done: Bool { lock.withLock { handler == nil } }
 }
 
 /// The engine's side of the event streams: who listens to which job, and, from a job's first stream on, when each
@@ -154,6 +157,12 @@ final class JobEventHub {
     func remove(_ subscriber: JobEventSubscriber) {
         subscribers[subscriber.jobID]?.removeAll { $0 === subscriber }
         if subscribers[subscriber.jobID]?.isEmpty == true { subscribers[subscriber.jobID] = nil }
+    }
+
+    /// Takes the job's streams away (another server runs the job now): they follow it from the store.
+    func detach(_ id: String) -> [JobEventSubscriber] {
+        tracks[id] = nil
+        return subscribers.removeValue(forKey: id) ?? []
     }
 
     /// Sends every stream a last batch with its job as it is (the server stops).

@@ -24,7 +24,11 @@ import Darwin
 ///
 /// **Reads** borrow connections from a small pool; reads that need one snapshot run in a
 /// `REPEATABLE READ READ ONLY` transaction.
-public final class PostgresJobStore: JobStore, @unchecked Sendable {
+///
+/// **Leases.** Several servers may share one database (API.md §10): each unfinished job is run by the server that
+/// holds its lease (`PostgresLeases`), renewed by a heartbeat and claimed by another server once it expires
+/// (`PostgresLeaseKeeper`); every write of a job's state is fenced by the lease's generation.
+public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     // @unchecked: `closed` is read and written only under `closeMonitor`; the rest is immutable or thread-safe
     // (the queue and pool have their own locks, the writer runs on its own thread).
     private let logger: Logger
@@ -34,50 +38,85 @@ public final class PostgresJobStore: JobStore, @unchecked Sendable {
     private let writerStatus: WriterStatus
     private let closeMonitor = StoreMonitor()
     private var closed = false
+    let leases: PostgresLeases
+    private var keeper: PostgresLeaseKeeper?
+    private let url: String
+    private let hostSlots: PostgresHostSlots
+
+    /// The default of `--lease-ttl` (API.md §10).
+    public static let defaultLeaseTtlMs: Int64 = 15_000
 
     /// Connects (a `postgres://` URL or libpq connection string) and migrates.
+    /// - Parameter leaseTtlMs: how long this server's leases last without renewal; a dead server's jobs are taken
+    ///   over this long after its last heartbeat.
     /// - Throws: `StoreError` of kind `open` (with libpq's reason) or `migrate`.
-    public init(url: String, logger: Logger = .disabled) throws {
+    public init(url: String, logger: Logger = .disabled, leaseTtlMs: Int64 = PostgresJobStore.defaultLeaseTtlMs) throws {
         self.logger = logger
+        self.url = url
         let connection = try PostgresConnection(url: url)
         do {
             try PostgresSchema.migrate(connection, logger: logger)
-            try Self.claimDatabase(connection)
         } catch {
             connection.close()
             throw error
         }
+        let leases = PostgresLeases(ttlMs: max(100, leaseTtlMs))
+        self.leases = leases
         let queue = WriteQueue()
-        let writer = PostgresStoreWriter(connection: connection, logger: logger)
+        let writer = PostgresStoreWriter(connection: connection, logger: logger, leases: leases)
         self.queue = queue
         self.writerStatus = writer.status
         self.readers = PostgresReaderPool(url: url)
+        self.hostSlots = PostgresHostSlots(url: url, logger: logger)
         self.writerThread = try StoreThread { writer.run(queue) }
-        logger.debug("store opened", ["database": .string("postgresql")])
+        logger.debug("store opened", ["database": .string("postgresql"), "server": .string(leases.owner)])
+    }
+
+    // MARK: Leases
+
+    public func attach(_ delegate: SharedStoreDelegate) { leases.delegate = delegate }
+
+    public func beginLeasing() {
+        closeMonitor.lock()
+        defer { closeMonitor.unlock() }
+        guard !closed, keeper == nil else { return }
+        let keeper = PostgresLeaseKeeper(url: url, leases: leases, logger: logger) { ids, db in
+            var unreadable: [UnreadableJob] = []
+            let jobs = try Self.loadJobs(ids, db, unreadable: &unreadable)
+            return (jobs, unreadable)
+        }
+        do {
+            try keeper.start()
+            self.keeper = keeper
+        } catch {
+            logger.error("the lease keeper could not start; this server takes over no jobs", ["error": .string("\(error)")])
+        }
+    }
+
+    public var leasesHold: Bool { leases.hold }
+
+    public func released(jobID: String) { leases.release(jobID) }
+
+    public var leaseTtlMs: Int64 { leases.ttlMs }
+
+    public func acquireHostSlot(_ host: String, limit: Int, _ completion: @escaping @Sendable (Bool) -> Void) {
+        hostSlots.acquire(host, limit: limit, completion)
+    }
+
+    public func releaseHostSlot(_ host: String) { hostSlots.release(host) }
+
+    public func requestCancel(id: String) throws -> Bool {
+        try readers.with { db in
+            let rows = try db.run(
+                prepared: "request_cancel",
+                "WITH asked AS (UPDATE jobs SET cancel_requested_at = \(PostgresLeases.nowMs) WHERE id = $1 "
+                    + "AND state IN \(PostgresLeases.unfinished) RETURNING id) "
+                    + "SELECT pg_notify('\(PostgresLeases.cancelChannel)', id) FROM asked", [.text(id)])
+            return !rows.rows.isEmpty
+        }
     }
 
     deinit { close() }
-
-    /// Any fixed number, the same for every server: the key of the session advisory lock a store holds on its
-    /// database for as long as its writer's connection lives.
-    static let ownerLockKey = 7_300_013
-
-    /// Takes the database for this store alone: several servers on one database would each resume the other's
-    /// unfinished jobs at start (there are no leases yet), so a second one is refused. The lock goes with the
-    /// writer's session, so a server killed with `kill -9` frees it as soon as PostgreSQL sees its connection close.
-    /// A server restarted right after a `kill -9` may find the lock still held for a moment, by the dead server's
-    /// backend not yet gone: it tries for up to 3 s.
-    private static func claimDatabase(_ connection: PostgresConnection) throws {
-        for attempt in 0..<30 {
-            let rows = try connection.query("SELECT pg_try_advisory_lock($1)", [.int(ownerLockKey)])
-            if rows.rows.first?.first == "t" { return }
-            if attempt < 29 { usleep(100_000) }
-        }
-        throw StoreError(
-            .open,
-            "another jobserver is using this database (it holds advisory lock \(ownerLockKey)); "
-                + "several servers on one PostgreSQL database are not supported yet")
-    }
 
     // MARK: Writes
 
@@ -150,8 +189,25 @@ public final class PostgresJobStore: JobStore, @unchecked Sendable {
         closed = true
         closeMonitor.unlock()
         if wasClosed { return }
+        closeMonitor.lock()
+        let keeper = self.keeper
+        closeMonitor.unlock()
+        keeper?.stop()
+        hostSlots.close()
         queue.close()
         writerThread.join()
+        // Everything is written: the jobs still held go to the other servers at their next heartbeat rather
+        // than a lease time from now.
+        let held = Array(leases.ownedSnapshot.keys)
+        if !held.isEmpty {
+            do {
+                try readers.with { db in try leases.release(held, db) }
+            } catch {
+                logger.warning("leases could not be given up; other servers take the jobs when they expire", [
+                    "error": .string("\(error)")
+                ])
+            }
+        }
         readers.close()
         logger.debug("store closed", ["database": .string("postgresql")])
     }
@@ -241,13 +297,51 @@ public final class PostgresJobStore: JobStore, @unchecked Sendable {
 
     private static let unfinished = "('\(NodeState.pending.rawValue)', '\(NodeState.running.rawValue)')"
 
+    /// The unfinished jobs this server may run: those no live server holds (their lease expired, or was given up)
+    /// are claimed first, all at once; jobs other servers hold are not returned.
     public func unfinishedJobs(unreadable: inout [UnreadableJob]) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
+        let claimed: [String: Int64] = try readers.with { db in
+            let rows = try db.query(
+                "WITH c AS (SELECT id FROM jobs WHERE state IN \(Self.unfinished) AND due_at IS NULL "
+                    + "AND (lease_expires_at IS NULL OR lease_expires_at < \(PostgresLeases.nowMs) OR lease_owner = $1) "
+                    + "FOR UPDATE SKIP LOCKED) UPDATE jobs j SET lease_owner = $1, lease_generation = j.lease_generation + 1, "
+                    + "lease_expires_at = \(PostgresLeases.nowMs) + $2 FROM c WHERE j.id = c.id RETURNING j.id, j.lease_generation",
+                [.text(leases.owner), .int(leases.ttlMs)])
+            var claimed: [String: Int64] = [:]
+            for row in PGRows.rows(rows) { if let id = row.string(0) { claimed[id] = row.int64(1) } }
+            return claimed
+        }
+        leases.own(claimed)
+        if claimed.isEmpty { return [] }
+        return try readers.with { db in try Self.loadJobs(Array(claimed.keys), db, unreadable: &unreadable) }
+    }
+
+    /// The jobs of `ids` that are unfinished, oldest first, with their nodes; in one snapshot.
+    static func loadJobs(
+        _ ids: [String], _ db: PostgresConnection, unreadable: inout [UnreadableJob]
+    ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var skipped: [UnreadableJob] = []
         defer { unreadable.append(contentsOf: skipped) }
-        return try readers.snapshot { db in
+        let idList = PostgresLeases.array(ids)
+        try db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        do {
+            let value = try loadJobsInSnapshot(idList, db, skipped: &skipped)
+            try db.execute("COMMIT")
+            return value
+        } catch {
+            _ = try? db.execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    private static func loadJobsInSnapshot(
+        _ idList: PostgresParameter, _ db: PostgresConnection, skipped: inout [UnreadableJob]
+    ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
+        do {
             let jobRows = PGRows.rows(
-                try db.execute(
-                    "SELECT \(PGRows.job) FROM jobs WHERE state IN \(Self.unfinished) AND due_at IS NULL ORDER BY id"))
+                try db.query(
+                    "SELECT \(PGRows.job) FROM jobs WHERE state IN \(Self.unfinished) AND due_at IS NULL "
+                        + "AND id = ANY($1::text[]) ORDER BY id", [idList]))
             var jobs: [JobRecord] = []
             for row in jobRows {
                 do {
@@ -258,9 +352,10 @@ public final class PostgresJobStore: JobStore, @unchecked Sendable {
             }
             if jobs.isEmpty { return [] }
             let nodeRows = PGRows.rows(
-                try db.execute(
+                try db.query(
                     "SELECT \(PGRows.prefixed("n", PGRows.node)) FROM jobs j JOIN nodes n ON n.job_id = j.id "
-                        + "WHERE j.state IN \(Self.unfinished) AND j.due_at IS NULL ORDER BY n.job_id, n.position"))
+                        + "WHERE j.state IN \(Self.unfinished) AND j.due_at IS NULL AND j.id = ANY($1::text[]) "
+                        + "ORDER BY n.job_id, n.position", [idList]))
             var byJob: [String: [NodeRecord]] = [:]
             var badNodes: [String: StoreError] = [:]
             for row in nodeRows {
@@ -279,12 +374,15 @@ public final class PostgresJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Only of jobs no live server holds: another server may still run a settled job's left-over nodes.
     public func unsettledNodesOfSettledJobs() throws -> [NodeRecord] {
         try readers.with { db in
-            let rows = try db.execute(
+            let rows = try db.query(
                 "SELECT \(PGRows.prefixed("n", PGRows.node)) FROM jobs j JOIN nodes n ON n.job_id = j.id "
                     + "WHERE j.state NOT IN \(Self.unfinished) AND (j.p_pending > 0 OR j.p_running > 0) "
-                    + "AND n.state IN \(Self.unfinished) ORDER BY n.job_id, n.position")
+                    + "AND n.state IN \(Self.unfinished) AND (j.lease_owner IS NULL OR j.lease_owner = $1 "
+                    + "OR j.lease_expires_at IS NULL OR j.lease_expires_at < \(PostgresLeases.nowMs)) "
+                    + "ORDER BY n.job_id, n.position", [.text(leases.owner)])
             // A node that cannot be read cannot be repaired either; the others still are.
             return PGRows.rows(rows).compactMap { try? PGRows.node($0) }
         }
@@ -318,13 +416,33 @@ public final class PostgresJobStore: JobStore, @unchecked Sendable {
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var skipped: [UnreadableJob] = []
         defer { unreadable.append(contentsOf: skipped) }
+        // Every server's timekeeper finds the same due jobs: each is taken by one of them (its lease), and the
+        // others skip it, so that it starts once.
+        let claimed: [String: Int64] = try readers.with { db in
+            let rows = try db.run(
+                prepared: "due_claim",
+                "WITH c AS (SELECT id FROM jobs WHERE due_at IS NOT NULL AND due_at <= $1 "
+                    + "AND (due_at > $3 OR (due_at = $3 AND id > $4)) AND (lease_owner IS NULL "
+                    + "OR lease_expires_at IS NULL OR lease_expires_at < \(PostgresLeases.nowMs)) "
+                    + "ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) "
+                    + "UPDATE jobs j SET lease_owner = $5, lease_generation = j.lease_generation + 1, "
+                    + "lease_expires_at = \(PostgresLeases.nowMs) + $6 FROM c WHERE j.id = c.id "
+                    + "RETURNING j.id, j.lease_generation",
+                [.int(atOrBeforeMs), .int(max(1, limit)), .int(after?.dueAt ?? Int64.min), .text(after?.id ?? ""),
+                 .text(leases.owner), .int(leases.ttlMs)])
+            var claimed: [String: Int64] = [:]
+            for row in PGRows.rows(rows) { if let id = row.string(0) { claimed[id] = row.int64(1) } }
+            return claimed
+        }
+        leases.own(claimed)
         return try readers.snapshot { db in
             let jobRows = PGRows.rows(
                 try db.run(
                     prepared: "due_jobs",
                     "SELECT \(PGRows.job) FROM jobs WHERE due_at IS NOT NULL AND due_at <= $1 "
-                        + "AND (due_at > $3 OR (due_at = $3 AND id > $4)) ORDER BY due_at, id LIMIT $2",
-                    [.int(atOrBeforeMs), .int(max(1, limit)), .int(after?.dueAt ?? Int64.min), .text(after?.id ?? "")]))
+                        + "AND (due_at > $3 OR (due_at = $3 AND id > $4)) AND lease_owner = $5 ORDER BY due_at, id LIMIT $2",
+                    [.int(atOrBeforeMs), .int(max(1, limit)), .int(after?.dueAt ?? Int64.min), .text(after?.id ?? ""),
+                     .text(leases.owner)]))
             var found: [(job: JobRecord, nodes: [NodeRecord])] = []
             for row in jobRows {
                 let job: JobRecord

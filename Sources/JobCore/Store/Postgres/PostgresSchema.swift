@@ -132,7 +132,16 @@ enum PostgresSchema {
         $$;
         CREATE TRIGGER webhook_outbox_on_delete AFTER DELETE ON jobs
             FOR EACH ROW EXECUTE FUNCTION webhook_outbox_on_delete();
+        """,
+        // 2: leases (several servers on one database, API.md §10) and the durable cancel request.
         """
+        ALTER TABLE jobs ADD COLUMN lease_owner TEXT, ADD COLUMN lease_generation BIGINT NOT NULL DEFAULT 0,
+            ADD COLUMN lease_expires_at BIGINT, ADD COLUMN cancel_requested_at BIGINT;
+        CREATE INDEX jobs_unfinished_lease ON jobs (lease_expires_at) WHERE state IN ('pending', 'running');
+        CREATE FUNCTION jobserver_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE AS $$
+            SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        $$;
+        """,
     ]
 
     static var currentVersion: Int { migrations.count }

@@ -11,10 +11,16 @@ final class PostgresStoreWriter: @unchecked Sendable {
     private var failure: StoreError?
     private var retryDelayMs: Int64 = 0
     private var retryAtMs: Int64 = 0
+    private let leases: PostgresLeases
+    /// Of the transaction in progress, applied to `leases` once it commits: jobs whose lease it took (written
+    /// while no live server held them) and jobs whose changes it left out (another server holds them now).
+    private var txAdopted: [String: Int64] = [:]
+    private var txLost: [String: Int64?] = [:]
 
-    init(connection: PostgresConnection, logger: Logger) {
+    init(connection: PostgresConnection, logger: Logger, leases: PostgresLeases) {
         self.db = connection
         self.logger = logger
+        self.leases = leases
     }
 
     func run(_ queue: WriteQueue) {
@@ -33,8 +39,6 @@ final class PostgresStoreWriter: @unchecked Sendable {
         }
         for ticket in commitWaiters { ticket.complete(.failure(StoreError(.closed, "store closed before the changes were written"))) }
         commitWaiters.removeAll()
-        // Frees the database for the next store at once, rather than when the server notices the session ended.
-        _ = try? db.execute("SELECT pg_advisory_unlock_all()")
         db.close()
     }
 
@@ -111,6 +115,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
 
     /// BEGIN, `body`, COMMIT; rolled back if any of it throws.
     private func transaction(fullSync: Bool, includesPending: Bool, _ body: () throws -> Void) throws {
+        txAdopted.removeAll()
+        txLost.removeAll()
         do {
             try db.execute(fullSync ? "BEGIN" : "BEGIN; SET LOCAL synchronous_commit = off")
             try body()
@@ -118,8 +124,14 @@ final class PostgresStoreWriter: @unchecked Sendable {
             try db.execute("COMMIT")
         } catch {
             _ = try? db.execute("ROLLBACK")
+            txAdopted.removeAll()
+            txLost.removeAll()
             throw error
         }
+        leases.own(txAdopted)
+        leases.lose(txLost)
+        txAdopted.removeAll()
+        txLost.removeAll()
         if includesPending { pending.removeAll() }
         if let failure, pending.isEmpty {
             logger.info("store writes recovered", ["after": .string(failure.description)])
@@ -220,6 +232,14 @@ final class PostgresStoreWriter: @unchecked Sendable {
             return row.string(PGRows.jobCount) == request.requestHash ? .existing(existing) : .conflict(existing)
         }
         try insertNodes(request.nodes.map { (node: $0, jobID: job.id) })
+        // A job that waits for its time is nobody's until it starts (its first write takes it).
+        if job.dueAt == nil {
+            try db.run(
+                prepared: "lease_create",
+                "UPDATE jobs SET lease_owner = $2, lease_generation = 1, lease_expires_at = \(PostgresLeases.nowMs) + $3 "
+                    + "WHERE id = $1", [.text(job.id), .text(leases.owner), .int(leases.ttlMs)])
+            txAdopted[job.id] = 1
+        }
         return .created(job)
     }
 
@@ -242,6 +262,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
     }
 
     private func insert(_ expansion: MapExpansionRecord) throws {
+        if try !fence([expansion.jobID]).isEmpty { return }
         let items = try db.run(
             prepared: "insert_map_items",
             "INSERT INTO map_items (job_id, node_id, first_position, items) "
@@ -256,13 +277,18 @@ final class PostgresStoreWriter: @unchecked Sendable {
     }
 
     private func write(_ pending: PendingChanges) throws {
-        for job in pending.jobs.values {
+        var touched = Set(pending.jobs.keys)
+        for key in pending.nodes.keys { touched.insert(key.jobID) }
+        for key in pending.bodies.keys { touched.insert(key.jobID) }
+        let fenced = try fence(touched)
+        for job in pending.jobs.values where !fenced.contains(job.id) {
             try db.run(prepared: "update_job", PGRows.updateJob, PGRows.updateParameters(job))
         }
-        for node in pending.nodes.values {
+        for node in pending.nodes.values where !fenced.contains(node.jobID) {
             try db.run(prepared: "update_node", PGRows.updateNode, PGRows.parameters(node, jobID: node.jobID))
         }
-        for change in pending.bodies.values {
+        try notifyChanged(touched.subtracting(fenced))
+        for change in pending.bodies.values where !fenced.contains(change.jobID) {
             try db.run(
                 prepared: "upsert_body", PGRows.upsertBody,
                 [.text(change.jobID), .text(change.nodeID), PGRows.text(change.body.contentType), .bytes(change.body.bytes)])
@@ -274,6 +300,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
         try db.run(prepared: "delete_nodes", "DELETE FROM nodes WHERE job_id = $1", [.text(id)])
         try db.run(prepared: "delete_bodies", "DELETE FROM bodies WHERE job_id = $1", [.text(id)])
         try db.run(prepared: "delete_map_items", "DELETE FROM map_items WHERE job_id = $1", [.text(id)])
+        // Other servers drop their cached answer of the job.
+        if deleted { try notifyChanged([id]) }
         return deleted
     }
 
@@ -286,5 +314,77 @@ final class PostgresStoreWriter: @unchecked Sendable {
         var count = 0
         for row in rows.rows { if let id = row.first ?? nil, try deleteJob(id) { count += 1 } }
         return count
+    }
+
+    // MARK: Leases
+
+    /// Locks the rows of `ids` for this transaction and returns those whose changes must not be written: jobs
+    /// whose lease another server took (their generation moved on), and jobs this server does not own that a
+    /// live server holds. A job owned by nobody, by this server, or whose lease expired, or that has settled, is
+    /// taken (a new generation): a retried job, one that waited for its time, a settled job's left-over nodes.
+    /// The row locks keep a claim (`FOR UPDATE SKIP LOCKED`) from taking the job before this commits.
+    private func fence(_ ids: Set<String>) throws -> Set<String> {
+        guard !ids.isEmpty else { return [] }
+        let rows = try db.run(
+            prepared: "lease_check",
+            "SELECT id, lease_owner, lease_generation, "
+                + "(lease_expires_at IS NULL OR lease_expires_at < \(PostgresLeases.nowMs)), state IN \(PostgresLeases.unfinished) "
+                + "FROM jobs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE",
+            [PostgresLeases.array(ids)])
+        var blocked: Set<String> = []
+        var adopt: [String] = []
+        for row in PGRows.rows(rows) {
+            guard let id = row.string(0) else { continue }
+            let owner = row.string(1)
+            let generation = row.int64(2)
+            if let adopted = txAdopted[id] {
+                if owner != leases.owner || generation != adopted { blocked.insert(id) }
+                continue
+            }
+            switch leases.standing(of: id) {
+            case .owned(let mine):
+                if owner != leases.owner || generation != mine {
+                    blocked.insert(id)
+                    txLost[id] = mine
+                }
+            case .lost:
+                blocked.insert(id)
+            case .unknown:
+                if owner == nil || owner == leases.owner || row.string(3) == "t" || row.string(4) != "t" {
+                    adopt.append(id)
+                } else {
+                    blocked.insert(id)
+                    txLost[id] = .some(nil)
+                }
+            }
+        }
+        if !adopt.isEmpty {
+            let taken = try db.run(
+                prepared: "lease_adopt",
+                "UPDATE jobs SET lease_owner = $1, lease_generation = lease_generation + 1, "
+                    + "lease_expires_at = \(PostgresLeases.nowMs) + $2 WHERE id = ANY($3::text[]) RETURNING id, lease_generation",
+                [.text(leases.owner), .int(leases.ttlMs), PostgresLeases.array(adopt)])
+            for row in PGRows.rows(taken) {
+                if let id = row.string(0) { txAdopted[id] = row.int64(1) }
+            }
+        }
+        return blocked
+    }
+
+    /// Wakes the other servers' waiters on these jobs once this transaction commits: ids, comma-separated, in
+    /// notifications under PostgreSQL's 8,000-byte payload bound.
+    private func notifyChanged(_ ids: Set<String>) throws {
+        var payload = ""
+        for id in ids {
+            if payload.utf8.count + id.utf8.count + 1 > 7_000 {
+                try db.run(prepared: "notify_changed", "SELECT pg_notify('\(PostgresLeases.changedChannel)', $1)", [.text(payload)])
+                payload = ""
+            }
+            if !payload.isEmpty { payload += "," }
+            payload += id
+        }
+        if !payload.isEmpty {
+            try db.run(prepared: "notify_changed", "SELECT pg_notify('\(PostgresLeases.changedChannel)', $1)", [.text(payload)])
+        }
     }
 }

@@ -1,0 +1,205 @@
+import Foundation
+import TestSupport
+import Threads
+import XCTest
+
+@testable import JobCore
+
+/// Records what a store tells its engine about leases.
+private final class LeaseEvents: SharedStoreDelegate {
+    let lost = Locked<[String]>([])
+    let claimed = Locked<[String]>([])
+    let cancels = Locked<[String]>([])
+    let changed = Locked<[String]>([])
+
+    func leasesLost(_ ids: [String]) { lost.withLock { $0 += ids } }
+    func jobsClaimed(
+        _ jobs: [(job: JobRecord, nodes: [NodeRecord])], unreadable: [UnreadableJob], cancelRequested: Set<String>
+    ) { claimed.withLock { $0 += jobs.map(\.job.id) } }
+    func cancelRequested(_ ids: [String]) { cancels.withLock { $0 += ids } }
+    func jobsChanged(_ ids: [String]) { changed.withLock { $0 += ids } }
+    func leasesRenewed() {}
+}
+
+/// Several stores on one database, as several servers (API.md §10): ownership, takeover, fencing, durable cancel.
+final class PostgresLeaseTests: XCTestCase {
+    static let postgres = PostgresTestCluster()
+    var databaseURL = ""
+
+    override class func setUp() {
+        super.setUp()
+        postgres.start()
+    }
+
+    override class func tearDown() {
+        postgres.stop()
+        super.tearDown()
+    }
+
+    override func setUpWithError() throws {
+        try super.setUpWithError()
+        databaseURL = try Self.postgres.freshDatabase()
+    }
+
+    private func job(_ id: String, state: NodeState = .pending) -> (JobRecord, [NodeRecord]) {
+        var progress = Progress()
+        progress.total = 1
+        progress.pending = 1
+        let job = JobRecord(
+            id: id, name: "job \(id)", state: state, createdAt: 1_700_000_000_000,
+            request: .object(["graph": .object(["type": "fetch"])]), progress: progress)
+        return (job, [NodeRecord(jobID: id, id: "root", parent: nil, position: 0, type: "fetch")])
+    }
+
+    private func raw(_ sql: String) throws -> [[String?]] {
+        let db = try PostgresConnection(url: databaseURL)
+        defer { db.close() }
+        return try db.execute(sql).rows
+    }
+
+    /// Polls `condition` every 20 ms for at most `seconds`.
+    private func eventually(_ seconds: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        for _ in 0..<10_000 {
+            if try condition() { return true }
+            if Date() > deadline { return false }
+            usleep(20_000)
+        }
+        return false
+    }
+
+    func testTheAcceptingStoreOwnsTheJobAndOthersDoNotResumeIt() throws {
+        let first = try PostgresJobStore(url: databaseURL, leaseTtlMs: 60_000)
+        defer { first.close() }
+        let (record, nodes) = job("J1")
+        _ = try first.createJob(record, nodes: nodes, idempotencyKey: nil, requestHash: nil)
+        let second = try PostgresJobStore(url: databaseURL, leaseTtlMs: 60_000)
+        defer { second.close() }
+        XCTAssertEqual(try second.unfinishedJobs().map(\.job.id), [], "a job another live store holds is not resumed")
+        let rows = try raw("SELECT lease_owner, lease_generation FROM jobs WHERE id = 'J1'")
+        XCTAssertEqual(rows.first?[0], first.leases.owner)
+        XCTAssertEqual(rows.first?[1], "1")
+    }
+
+    func testAnExpiredLeaseIsClaimedAndTheOldOwnersWritesAreFencedOff() throws {
+        // The first store never renews (its lease thread is not started): its lease lapses after 300 ms.
+        let first = try PostgresJobStore(url: databaseURL, leaseTtlMs: 300)
+        defer { first.close() }
+        let events = LeaseEvents()
+        first.attach(events)
+        let (record, nodes) = job("J1")
+        _ = try first.createJob(record, nodes: nodes, idempotencyKey: nil, requestHash: nil)
+        let second = try PostgresJobStore(url: databaseURL, leaseTtlMs: 60_000)
+        defer { second.close() }
+        var claimed: [String] = []
+        XCTAssertTrue(try eventually { claimed = try second.unfinishedJobs().map(\.job.id); return !claimed.isEmpty })
+        XCTAssertEqual(claimed, ["J1"])
+        XCTAssertEqual(try raw("SELECT lease_generation FROM jobs WHERE id = 'J1'").first?[0], "2")
+
+        var stale = record
+        stale.state = .running
+        stale.version = 2
+        var staleNode = nodes[0]
+        staleNode.state = .running
+        first.enqueue(jobs: [stale], nodes: [staleNode], bodies: [])
+        try first.flush()
+        XCTAssertEqual(try second.jobState(id: "J1"), .pending, "the old owner's write was not applied")
+        XCTAssertEqual(try second.node(jobID: "J1", nodeID: "root")?.state, .pending)
+        XCTAssertEqual(events.lost.withLock { $0 }, ["J1"], "the old owner is told it lost the job")
+
+        var current = record
+        current.state = .running
+        current.version = 2
+        second.enqueue(jobs: [current], nodes: [], bodies: [])
+        try second.flush()
+        XCTAssertEqual(try first.jobState(id: "J1"), .running, "the new owner writes")
+    }
+
+    func testTheLeaseThreadRenewsClaimsAndHearsCancelsAndChanges() throws {
+        let first = try PostgresJobStore(url: databaseURL, leaseTtlMs: 600)
+        defer { first.close() }
+        let firstEvents = LeaseEvents()
+        first.attach(firstEvents)
+        first.beginLeasing()
+        let (record, nodes) = job("J1")
+        _ = try first.createJob(record, nodes: nodes, idempotencyKey: nil, requestHash: nil)
+
+        let second = try PostgresJobStore(url: databaseURL, leaseTtlMs: 600)
+        defer { second.close() }
+        let secondEvents = LeaseEvents()
+        second.attach(secondEvents)
+        second.beginLeasing()
+        // Renewed every 200 ms: still the first store's two lease times later.
+        usleep(1_300_000)
+        XCTAssertEqual(secondEvents.claimed.withLock { $0 }, [])
+        XCTAssertTrue(first.leasesHold)
+
+        XCTAssertTrue(try second.requestCancel(id: "J1"))
+        XCTAssertTrue(eventually { firstEvents.cancels.withLock { $0.contains("J1") } }, "the owner hears the cancel")
+        XCTAssertEqual(try raw("SELECT cancel_requested_at IS NOT NULL FROM jobs WHERE id = 'J1'").first?[0], "t")
+
+        var running = record
+        running.state = .running
+        running.version = 2
+        first.enqueue(jobs: [running], nodes: [], bodies: [])
+        try first.flush()
+        XCTAssertTrue(eventually { secondEvents.changed.withLock { $0.contains("J1") } }, "other servers hear the change")
+
+        // A clean close gives the lease up: the other store claims the job at its next heartbeat.
+        first.close()
+        XCTAssertTrue(eventually { secondEvents.claimed.withLock { $0 } == ["J1"] })
+        XCTAssertFalse(try second.requestCancel(id: "J404"))
+    }
+
+    func testADueJobIsTakenByOneStoreOnly() throws {
+        let first = try PostgresJobStore(url: databaseURL)
+        defer { first.close() }
+        let second = try PostgresJobStore(url: databaseURL)
+        defer { second.close() }
+        var (record, nodes) = job("J1")
+        record.dueAt = 1_000
+        _ = try first.createJob(record, nodes: nodes, idempotencyKey: nil, requestHash: nil)
+        XCTAssertEqual(try raw("SELECT lease_owner IS NULL FROM jobs WHERE id = 'J1'").first?[0], "t", "nobody's while it waits")
+        var unreadable: [UnreadableJob] = []
+        XCTAssertEqual(try second.dueJobs(atOrBeforeMs: 2_000, after: nil, limit: 10, unreadable: &unreadable).map(\.job.id), ["J1"])
+        XCTAssertEqual(try first.dueJobs(atOrBeforeMs: 2_000, after: nil, limit: 10, unreadable: &unreadable).map(\.job.id), [])
+        XCTAssertEqual(
+            try second.dueJobs(atOrBeforeMs: 2_000, after: nil, limit: 10, unreadable: &unreadable).map(\.job.id), ["J1"],
+            "the holder finds it again")
+    }
+
+    func testHostSlotsAreSharedByStores() throws {
+        let first = try PostgresJobStore(url: databaseURL)
+        defer { first.close() }
+        let second = try PostgresJobStore(url: databaseURL)
+        defer { second.close() }
+        let taken = Locked<[String]>([])
+        first.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("first 1") } } }
+        first.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("first 2") } } }
+        XCTAssertTrue(eventually { taken.withLock { $0.count } == 2 })
+        second.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("second") } } }
+        second.acquireHostSlot("http://other", limit: 2) { if $0 { taken.withLock { $0.append("other host") } } }
+        XCTAssertTrue(eventually { taken.withLock { $0.contains("other host") } })
+        usleep(300_000)
+        XCTAssertFalse(taken.withLock { $0.contains("second") }, "both slots of the host are held by the other store")
+        first.releaseHostSlot("http://h")
+        XCTAssertTrue(eventually { taken.withLock { $0.contains("second") } }, "a slot given back is taken by the waiting store")
+    }
+
+    func testIdempotencyKeysAreUniqueOverStores() throws {
+        let first = try PostgresJobStore(url: databaseURL)
+        defer { first.close() }
+        let second = try PostgresJobStore(url: databaseURL)
+        defer { second.close() }
+        let (a, aNodes) = job("J1")
+        let (b, bNodes) = job("J2")
+        XCTAssertEqual(try first.createJob(a, nodes: aNodes, idempotencyKey: "k", requestHash: "h"), .created(a))
+        guard case .existing(let existing) = try second.createJob(b, nodes: bNodes, idempotencyKey: "k", requestHash: "h") else {
+            return XCTFail("the key was not found taken on the other store")
+        }
+        XCTAssertEqual(existing.id, "J1")
+        guard case .conflict = try second.createJob(b, nodes: bNodes, idempotencyKey: "k", requestHash: "other") else {
+            return XCTFail("another request under the key is not a conflict")
+        }
+    }
+}

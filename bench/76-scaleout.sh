@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Several servers on one PostgreSQL (API.md §10) against one server on SQLite, in the same run, same flags:
+# completed 10-node jobs per second (ten loopback fetches each) with 1, 2 and 3 servers on one PostgreSQL
+# database and with one server on SQLite; CLIENTS clients, spread round-robin over the servers, each submit a job
+# and long-poll it until it settles, for COMPLETE_SECONDS. Also per-server CPU (% of one core), PostgreSQL's CPU
+# and its commits per second (pg_stat_database.xact_commit) over the same time, and the rate N servers would
+# reach if they scaled linearly from one.
+# PostgreSQL is a throwaway cluster (scripts/pg-cluster.sh) with fsync on, on the same cores as the servers and
+# the load generator. Prints a markdown section on stdout; progress goes to stderr.
+# JOBSERVER_BIN runs that binary instead of building the release one (the section then says which).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+
+COMPLETE_SECONDS=${COMPLETE_SECONDS:-15}
+CLIENTS=${CLIENTS:-24}
+
+if [ -n "${JOBSERVER_BIN:-}" ]; then
+    BIN=$JOBSERVER_BIN
+else
+    swift build -c release --product jobserver >&2
+    BIN=$(swift build -c release --show-bin-path)/jobserver
+fi
+build=$(case "$BIN" in */release/*) echo release ;; */debug/*) echo debug ;; *) echo "$BIN" ;; esac)
+
+bench_setup
+pgdir=$(mktemp -d /tmp/jobserver-pg-bench.XXXXXX)
+trap 'bash scripts/pg-cluster.sh stop "$pgdir" >/dev/null 2>&1 || true; _bench_cleanup' EXIT INT TERM
+url=$(bash scripts/pg-cluster.sh start "$pgdir" | tail -1)
+echo "PostgreSQL at $url" >&2
+
+python3 Tests/Fixtures/upstream.py --port 0 >"$tmp/upstream.out" 2>/dev/null &
+pids+=($!)
+for _ in $(seq 1 100); do [ -s "$tmp/upstream.out" ] && break; sleep 0.05; done
+up_port=$(awk '/^listening/ {print $2}' "$tmp/upstream.out")
+python3 - "$tmp/run.json" "$up_port" <<'PY'
+import json, sys
+run = [{"type": "fetch", "url": "http://127.0.0.1:%s/json?step=%d" % (sys.argv[2], i)} for i in range(9)]
+json.dump({"graph": {"type": "list", "children": run}}, open(sys.argv[1], "w"))
+PY
+
+# Clock ticks of user and system time of one process, or of every process named postgres.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+pg_ticks() {
+    local total=0 p
+    for p in $(pgrep -x postgres); do total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done
+    echo "$total"
+}
+hz=$(getconf CLK_TCK)
+commits() { psql "$url" -qAtc "SELECT sum(xact_commit) FROM pg_stat_database"; }
+
+# complete SECONDS PORT…: "jobs/s failed" for CLIENTS clients spread over the servers on PORT….
+complete() {
+    python3 - "$CLIENTS" "$tmp/run.json" "$@" <<'PY'
+import json, sys, threading, time, urllib.request
+clients, body, seconds, ports = int(sys.argv[1]), open(sys.argv[2], "rb").read(), float(sys.argv[3]), sys.argv[4:]
+done, failed, lock = [0], [0], threading.Lock()
+end = time.monotonic() + seconds
+def client(k):
+    base = "http://127.0.0.1:%s" % ports[k % len(ports)]
+    while time.monotonic() < end:
+        try:
+            req = urllib.request.Request(base + "/v1/jobs", data=body, headers={"Content-Type": "application/json"})
+            job = json.load(urllib.request.urlopen(req, timeout=30))
+            for _ in range(100):
+                if job["state"] not in ("pending", "running"):
+                    break
+                job = json.load(urllib.request.urlopen(
+                    "%s/v1/jobs/%s?wait=10&since=%d" % (base, job["id"], job["version"]), timeout=30))
+            ok = job["state"] == "succeeded"
+        except OSError:
+            ok = False
+        with lock:
+            if ok: done[0] += 1
+            else: failed[0] += 1
+start = time.monotonic()
+threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("%.1f %d" % (done[0] / (time.monotonic() - start), failed[0]))
+PY
+}
+
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+declare -A rate failed cpu pgcpu pgcommits
+configs=(sqlite pg1 pg2 pg3)
+for config in "${configs[@]}"; do
+    servers=1
+    if [ "$config" = sqlite ]; then
+        db="$tmp/$config.sqlite"
+    else
+        servers=${config#pg}
+        psql "$url" -qAtc "CREATE DATABASE $config" >/dev/null
+        db="${url%/*}/$config"
+    fi
+    ports=()
+    spids=()
+    for ((n = 0; n < servers; n++)); do
+        port=$(free_port)
+        "$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" --log-level error --max-active-jobs 1000000 \
+            --max-per-host 4096 2>>"$tmp/server.log" &
+        pids+=($!)
+        spids+=($!)
+        ports+=("$port")
+        wait_for "http://127.0.0.1:$port/healthz"
+    done
+    declare -a before=()
+    for ((n = 0; n < servers; n++)); do before[n]=$(ticks "${spids[n]}"); done
+    pg_before=$(pg_ticks)
+    commits_before=$(commits)
+    started=$(date +%s.%N)
+    read -r rate[$config] failed[$config] < <(complete "$COMPLETE_SECONDS" "${ports[@]}")
+    elapsed=$(python3 -c "import time; print(time.time() - $started)")
+    commits_after=$(commits)
+    pg_after=$(pg_ticks)
+    shares=()
+    for ((n = 0; n < servers; n++)); do
+        shares+=("$(python3 -c "print(round(100 * ($(ticks "${spids[n]}") - ${before[n]}) / $hz / $elapsed))")")
+    done
+    joined=$(printf '%s / ' "${shares[@]}")
+    cpu[$config]=${joined% / }
+    if [ "$config" = sqlite ]; then
+        pgcpu[$config]="–"
+        pgcommits[$config]="–"
+    else
+        pgcpu[$config]=$(python3 -c "print(round(100 * ($pg_after - $pg_before) / $hz / $elapsed))")
+        pgcommits[$config]=$(python3 -c "print(round(($commits_after - $commits_before) / $elapsed))")
+    fi
+    for p in "${spids[@]}"; do kill -TERM "$p"; done
+    for p in "${spids[@]}"; do wait "$p" 2>/dev/null || true; done
+    echo "$config: ${rate[$config]} jobs/s, cpu ${cpu[$config]} %, pg cpu ${pgcpu[$config]} %, commits/s ${pgcommits[$config]}" >&2
+done
+linear() { python3 -c "print(round($1 * ${rate[pg1]}, 1))"; }
+
+cat <<MD
+## Several servers on one PostgreSQL
+
+\`bench/76-scaleout.sh\`: the $build server, one on SQLite and 1, 2 and 3 on one database of a throwaway
+PostgreSQL cluster (fsync on, default \`--lease-ttl\`), one configuration after the other with the same flags
+(\`--max-per-host 4096\`). $CLIENTS clients, spread round-robin over the servers, each submit a job of ten loopback
+fetches and long-poll it until it settles, for ${COMPLETE_SECONDS} s. CPU is user + system time over the run, in
+% of one core, per server and for all of PostgreSQL's processes; commits are PostgreSQL's over the same time.
+Load average when the run began: $load.
+
+| configuration | completed 10-node jobs / s | linear from 1 server | jobs not succeeded | server CPU % | PostgreSQL CPU % | PostgreSQL commits / s |
+|---|---|---|---|---|---|---|
+| SQLite, 1 server | ${rate[sqlite]} | – | ${failed[sqlite]} | ${cpu[sqlite]} | ${pgcpu[sqlite]} | ${pgcommits[sqlite]} |
+| PostgreSQL, 1 server | ${rate[pg1]} | ${rate[pg1]} | ${failed[pg1]} | ${cpu[pg1]} | ${pgcpu[pg1]} | ${pgcommits[pg1]} |
+| PostgreSQL, 2 servers | ${rate[pg2]} | $(linear 2) | ${failed[pg2]} | ${cpu[pg2]} | ${pgcpu[pg2]} | ${pgcommits[pg2]} |
+| PostgreSQL, 3 servers | ${rate[pg3]} | $(linear 3) | ${failed[pg3]} | ${cpu[pg3]} | ${pgcpu[pg3]} | ${pgcommits[pg3]} |
+
+All of it shares $(nproc) cores: the servers, PostgreSQL, the fixture upstream and the load generator, so more
+servers cannot add CPU, only spread it; "linear from 1 server" is what N servers would complete if each added
+what one does. Each server's writer commits its own batches, so more servers mean more, smaller commits.
+MD
