@@ -24,12 +24,6 @@ public struct HTTPServerConfiguration: Sendable {
     public var idleTimeoutSeconds = 60.0
     /// Event-loop threads; each accepts, reads and writes its own connections.
     public var eventLoopCount = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
-    /// Nice steps the event-loop threads ask to run above the process (0: none). A loop's work per wake is short
-    /// and bounded (one read, the parse, `EventLoop.writeBudget` of output per connection), while a busy server's
-    /// other threads make answers of many megabytes: at equal priority a woken loop waited milliseconds for a CPU
-    /// behind them. Raising a thread's priority needs `CAP_SYS_NICE` (or an `RLIMIT_NICE` that allows it); without
-    /// it the loops keep the process's priority, and answers made on the engine's read queues still run below it.
-    public var eventLoopPriorityBoost: Int32 = 5
     /// Connections above this count are closed as soon as they are accepted (the budget is split evenly
     /// across the event loops, each of which accepts on its own socket).
     public var maxConnections = 10_000
@@ -119,11 +113,7 @@ public final class HTTPServer: @unchecked Sendable {
         }
         for (index, loop) in loops.enumerated() {
             do throws(ThreadStartError) {
-                let boost = configuration.eventLoopPriorityBoost
-                threads.append(try startThread(name: "http-loop-\(index)") {
-                    LoopPriority.raiseCurrentThread(by: boost)
-                    loop.run()
-                })
+                threads.append(try startThread(name: "http-loop-\(index)") { loop.run() })
             } catch {
                 throw HTTPServerError.systemCall(error.call, errno: error.errno)
             }
