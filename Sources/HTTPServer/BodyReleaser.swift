@@ -18,7 +18,10 @@ final class BodyReleaser: Sendable {
     /// Where the bodies end: dropped (the default), or shown to a test.
     private let dispose: @Sendable ([[UInt8]]) -> Void
 
-    init(qos: DispatchQoS = .background, dispose: @escaping @Sendable ([[UInt8]]) -> Void = { _ in }) {
+    /// `.utility` rather than `.background`: the bodies' memory is held until the queue runs, so it must not
+    /// starve behind every other thread of a busy machine (on Linux, the engine's reads run on `.utility`
+    /// workers too, five nice steps below the process).
+    init(qos: DispatchQoS = .utility, dispose: @escaping @Sendable ([[UInt8]]) -> Void = { _ in }) {
         self.queue = DispatchQueue(label: "http.body-release", qos: qos)
         self.dispose = dispose
     }
