@@ -8,8 +8,12 @@ cd "$(dirname "$0")/.."
 
 DURATION=${BENCH_DURATION:-10s}
 RUNS=${BENCH_RUNS:-5}
-swift build -c release --product jobserver >&2
-BIN=$(swift build -c release --show-bin-path)/jobserver
+if [ -n "${JOBSERVER_BIN:-}" ]; then
+    BIN=$JOBSERVER_BIN
+else
+    swift build -c release --product jobserver >&2
+    BIN=$(swift build -c release --show-bin-path)/jobserver
+fi
 
 bench_setup
 

@@ -16,6 +16,12 @@ struct OutputQueue {
     private var lastIsShared = false
     /// Bytes not sent yet.
     private(set) var count = 0
+    /// Where large chunks go once sent or dropped, to be freed off the loop.
+    private let releaser: BodyReleaser
+
+    init(releaser: BodyReleaser = .shared) {
+        self.releaser = releaser
+    }
 
     var isEmpty: Bool { count == 0 }
 
@@ -76,14 +82,16 @@ struct OutputQueue {
     /// - Returns: the outcome and the bytes sent.
     mutating func send(to fd: Int32, budget: Int) -> (WriteOutcome, Int) {
         var sent = 0
-        while let first = chunks.first {
+        // `chunks[0]` is used in place, never copied to a local: a copy would keep a sent body alive on the loop
+        // after it is handed to the releaser.
+        while !chunks.isEmpty {
             if sent >= budget { return (.budgetSpent, sent) }
-            let want = min(first.count - offset, budget - sent)
+            let want = min(chunks[0].count - offset, budget - sent)
             let start = offset
             let result: IOResult<Int>
             do {
                 result = try systemCall("send") {
-                    first.withUnsafeBytes { buffer -> Int in
+                    chunks[0].withUnsafeBytes { buffer -> Int in
                         guard let base = buffer.baseAddress else { return 0 }
                         return Glibc.send(fd, base + start, want, Int32(MSG_NOSIGNAL))
                     }
@@ -95,7 +103,8 @@ struct OutputQueue {
             sent += written
             count -= written
             offset += written
-            if offset == first.count {
+            if offset == chunks[0].count {
+                releaser.releaseIfLarge(&chunks[0])
                 chunks.removeFirst()
                 offset = 0
                 if chunks.isEmpty { lastIsShared = false }
@@ -106,6 +115,7 @@ struct OutputQueue {
 
     /// Drops everything queued.
     mutating func removeAll() {
+        for k in chunks.indices { releaser.releaseIfLarge(&chunks[k]) }
         chunks = []
         offset = 0
         count = 0

@@ -39,7 +39,9 @@ enum Route: CaseIterable {
     /// the engine's asynchronous reads.
     var waitsForDisk: Bool {
         switch self {
-        case .submitJob, .deleteJob, .listJobs, .getNodeBody: return true
+        case .submitJob, .deleteJob, .getNodeBody: return true
+        // A listing waits for the writer through a callback and is read and shown on the engine's read queues.
+        case .listJobs: return false
         // A cancel is answered from the store's commit callback and holds no thread meanwhile.
         case .cancelJob, .getJob, .listNodes, .getNode, .health, .metrics, .openAPI: return false
         // Answered from the store's commit callback, as a cancel is.
@@ -52,10 +54,10 @@ enum Route: CaseIterable {
 
 /// The jobserver HTTP API over an `Engine`: routes, JSON in and out, errors of API.md §3.
 ///
-/// Handlers run on event-loop threads and never block there: reads of jobs and nodes and `/metrics` ask the
-/// engine, which answers through a completion (store reads and large answers on its read queues); routes that
-/// write or wait for the store's writer (submit, cancel, delete, list and body, which flush) run on `diskQueues`;
-/// a long-poll holds no thread at all.
+/// Handlers run on event-loop threads and never block there: reads of jobs and nodes, listings and `/metrics` ask
+/// the engine, which answers through a completion (store reads and large answers on its read queues); routes that
+/// write or wait for the store's writer (submit, delete, body, which flush) run on `diskQueues`; a long-poll holds
+/// no thread at all.
 final class App: @unchecked Sendable {
     // @unchecked: `shuttingDown` is read and written only with `shutdownLock` held; `webhooks` is set once by
     // `Service` before the server starts (thread start orders it before every handler); the rest is immutable
@@ -265,13 +267,16 @@ final class App: @unchecked Sendable {
 
     private func listJobs(_ request: APIRequest, _ exchange: Exchange) throws {
         let query = try QueryParameters.jobList(request.queryItems)
-        let page: JobPage
-        do {
-            page = try engine.list(state: query.state, limit: query.limit, cursor: query.cursor)
-        } catch where Self.isBadCursor(error) {
-            throw QueryError(message: "cursor is not one this server gave out")
+        engine.list(state: query.state, limit: query.limit, cursor: query.cursor) { [self] result in
+            switch result {
+            case .success(let page):
+                exchange.send(Self.json(200, Presentation.jobList(page.jobs, nextCursor: page.nextCursor)))
+            case .failure(let error) where Self.isBadCursor(error):
+                exchange.send(Self.error(400, "bad_request", "cursor is not one this server gave out"))
+            case .failure(let error):
+                exchange.send(internalError(error, exchange))
+            }
         }
-        exchange.send(Self.json(200, Presentation.jobList(page.jobs, nextCursor: page.nextCursor)))
     }
 
     private func getJob(_ request: APIRequest, _ exchange: Exchange) throws {

@@ -65,6 +65,28 @@ final class HTTPServerLargeBodyTests: XCTestCase {
         XCTAssertEqual(try client.readResponse().bodyText, "after")
     }
 
+    func testAnAnswerBackedUpOnOneConnectionDoesNotHoldUpAnotherOnTheSameLoop() throws {
+        let body = HTTPServerLargeBodyTests.bigBody
+        let oneLoop = try TestServer(configure: { $0.eventLoopCount = 1 }, extraRoutes: { router in
+            router.add("GET", "/big") { _, responder in responder.send(HTTPResponse(status: 200, body: body)) }
+        })
+        defer { oneLoop.stop() }
+        let slow = try RawClient(port: oneLoop.port, receiveBufferBytes: 4096)
+        try slow.send("GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+        XCTAssertTrue(slow.waitForUnreadBytes(), "the big answer never arrived")
+        // Megabytes of the big answer wait on the loop for a client that does not read; the other connection's
+        // small answer is written meanwhile.
+        for round in 0..<3 {
+            let other = try RawClient(port: oneLoop.port)
+            try other.send("GET /healthz HTTP/1.1\r\nHost: t\r\n\r\nGET /seq/\(round) HTTP/1.1\r\nHost: t\r\n\r\n")
+            XCTAssertEqual(try other.readResponse().status, 200)
+            XCTAssertEqual(try other.readResponse().bodyText, "\(round)")
+        }
+        let big = try slow.readResponse()
+        XCTAssertEqual(big.body.count, body.count)
+        XCTAssertTrue(big.body == body)
+    }
+
     func testHalfClosingClientStillReceivesALargeResponse() throws {
         let client = try RawClient(port: server.port, receiveBufferBytes: 4096)
         try client.send("GET /big HTTP/1.1\r\nHost: t\r\n\r\n")

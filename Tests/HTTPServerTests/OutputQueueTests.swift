@@ -1,5 +1,6 @@
 import XCTest
 @testable import HTTPServer
+import Threads
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -120,5 +121,66 @@ final class OutputQueueTests: XCTestCase {
         var queue = OutputQueue()
         queue.append(contentsOf: Array("HTTP/1.1 200 OK\r\n\r\n".utf8))
         XCTAssertEqual(queue.send(to: sender, budget: 1 << 20).0, .failed)
+    }
+
+    /// What a test releaser was handed: the storage addresses of the bodies and whether they came on another thread.
+    private final class Released: Sendable {
+        private let state = Locked<(addresses: [UInt], onOtherThread: Bool)>(([], true))
+        let done: XCTestExpectation
+
+        init(_ done: XCTestExpectation) { self.done = done }
+
+        func record(_ bodies: [[UInt8]], testThread: pthread_t) {
+            let other = pthread_equal(pthread_self(), testThread) == 0
+            let addresses = bodies.map { body in body.withUnsafeBufferPointer { UInt(bitPattern: $0.baseAddress) } }
+            state.withLock { state in
+                state.onOtherThread = state.onOtherThread && other
+                state.addresses += addresses
+            }
+            done.fulfill()
+        }
+
+        var seen: (addresses: [UInt], onOtherThread: Bool) { state.withLock { $0 } }
+    }
+
+    func testALargeBodyIsFreedOffTheSendingThreadOnceSent() throws {
+        let body = [UInt8](repeating: 0x71, count: BodyReleaser.threshold)
+        let address = body.withUnsafeBufferPointer { UInt(bitPattern: $0.baseAddress) }
+        let released = Released(expectation(description: "the body reached the releaser"))
+        let testThread = pthread_self()
+        let releaser = BodyReleaser { released.record($0, testThread: testThread) }
+        let (sender, receiver) = try socketPair(bytes: 4 << 20)
+        defer { close(sender); close(receiver) }
+        var queue = OutputQueue(releaser: releaser)
+        queue.append(HTTPResponse(status: 200, body: body), dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        var received = 0
+        var turns = 0
+        while !queue.isEmpty && turns < 10_000 {
+            XCTAssertNotEqual(queue.send(to: sender, budget: 256 * 1024).0, .failed)
+            received += drain(receiver, limit: Int.max).count
+            turns += 1
+        }
+        XCTAssertTrue(queue.isEmpty)
+        wait(for: [released.done], timeout: 10)
+        let seen = released.seen
+        XCTAssertEqual(seen.addresses, [address], "the sent body's own storage is handed over, once")
+        XCTAssertTrue(seen.onOtherThread, "the releaser runs on its own queue")
+        XCTAssertGreaterThan(received, body.count)
+    }
+
+    func testDroppedLargeBodiesAreHandedOverButSmallOnesAreNot() {
+        let large = [UInt8](repeating: 0x72, count: BodyReleaser.threshold + 1)
+        let small = [UInt8](repeating: 0x73, count: OutputQueue.shareThreshold)
+        let address = large.withUnsafeBufferPointer { UInt(bitPattern: $0.baseAddress) }
+        let released = Released(expectation(description: "the body reached the releaser"))
+        let testThread = pthread_self()
+        let releaser = BodyReleaser { released.record($0, testThread: testThread) }
+        var queue = OutputQueue(releaser: releaser)
+        queue.append(HTTPResponse(status: 200, body: small), dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        queue.append(HTTPResponse(status: 200, body: large), dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        queue.removeAll()
+        XCTAssertTrue(queue.isEmpty)
+        wait(for: [released.done], timeout: 10)
+        XCTAssertEqual(released.seen.addresses, [address])
     }
 }
