@@ -265,7 +265,7 @@ final class MapRunner {
 /// start. Until started, a copy stands in the list as a placeholder, as in a list with `concurrency`.
 final class StaggeredStart: @unchecked Sendable {
     // @unchecked: like the run's, every property is read and changed only on the engine's `queue`: it is made
-    // there, and the one closure that carries it elsewhere is the next chunk's, sent back onto that queue.
+    // there, and the one `@Sendable` closure that holds it (the next chunk's) runs on that queue too.
     static let chunk = 256
     unowned let run: JobRun
     let children: [Int]
