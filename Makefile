@@ -5,7 +5,7 @@ all: build
 
 build:
 	@scripts/ensure-deps.sh build
-	swift build
+	scripts/build-without-warnings.sh
 
 run:
 	@scripts/ensure-deps.sh build
@@ -14,7 +14,7 @@ run:
 
 test:
 	@scripts/ensure-deps.sh test
-	swift build --build-tests
+	scripts/build-without-warnings.sh --build-tests
 	swift test --disable-swift-testing
 	scripts/check-openapi.sh
 	Tests/Integration/run.sh

@@ -1,4 +1,4 @@
-// swift-tools-version:5.9
+// swift-tools-version:6.0
 import PackageDescription
 
 let package = Package(
@@ -40,5 +40,6 @@ let package = Package(
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport", "Threads"]),
         .testTarget(name: "JobCoreTests", dependencies: ["JobCore", "TestSupport"]),
         .testTarget(name: "JobServerTests", dependencies: ["JobServer", "HTTPServer", "JobCore", "TestSupport"]),
-    ]
+    ],
+    swiftLanguageModes: [.v6]
 )

@@ -677,6 +677,11 @@ final class EventLoop: @unchecked Sendable {
     }
 }
 
+/// The text of a C string held in `buffer`, up to its NUL.
+private func text(upToNUL buffer: [CChar]) -> String {
+    String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+}
+
 /// Formats an IPv4/IPv6 peer address as `host:port`.
 private func formatAddress(_ storage: inout sockaddr_storage) -> String {
     var buffer = [CChar](repeating: 0, count: Int(INET6_ADDRSTRLEN) + 1)
@@ -686,7 +691,7 @@ private func formatAddress(_ storage: inout sockaddr_storage) -> String {
             pointer.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { sin in
                 var addr = sin.pointee.sin_addr
                 inet_ntop(AF_INET, &addr, &buffer, socklen_t(buffer.count))
-                return "\(String(cString: buffer)):\(UInt16(bigEndian: sin.pointee.sin_port))"
+                return "\(text(upToNUL: buffer)):\(UInt16(bigEndian: sin.pointee.sin_port))"
             }
         }
     case AF_INET6:
@@ -694,7 +699,7 @@ private func formatAddress(_ storage: inout sockaddr_storage) -> String {
             pointer.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { sin6 in
                 var addr = sin6.pointee.sin6_addr
                 inet_ntop(AF_INET6, &addr, &buffer, socklen_t(buffer.count))
-                return "[\(String(cString: buffer))]:\(UInt16(bigEndian: sin6.pointee.sin6_port))"
+                return "[\(text(upToNUL: buffer))]:\(UInt16(bigEndian: sin6.pointee.sin6_port))"
             }
         }
     default:

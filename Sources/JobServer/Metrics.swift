@@ -19,6 +19,7 @@ final class HTTPRequestCounter: @unchecked Sendable {
 
     /// Event loops count into the shard their thread picks, so that two loops rarely wait for one lock.
     private final class Shard: @unchecked Sendable {
+        // @unchecked: `counts` is read and written only with `lock` held.
         let lock = Lock()
         var counts: [Key: Int] = [:]
     }

@@ -56,10 +56,10 @@ struct ConfigError: Error, Equatable, CustomStringConvertible {
 /// Parses the command line and environment into a `Command`.
 enum CommandLineParser {
     /// One option: its flag, how it is read, and where it goes.
-    private struct Option {
+    private struct Option: Sendable {
         var flag: String
         var help: String
-        var apply: (inout ServerConfig, String, Bool) throws -> Void
+        var apply: @Sendable (inout ServerConfig, String, Bool) throws -> Void
 
         /// `--max-per-host` ↔ `JOBSERVER_MAX_PER_HOST`.
         var environmentName: String {

@@ -45,7 +45,9 @@ let signalQueue = DispatchQueue(label: "jobserver.signals")
 var signalSources: [DispatchSourceSignal] = []
 for (number, name) in [(SIGTERM, "SIGTERM"), (SIGINT, "SIGINT")] {
     let source = DispatchSource.makeSignalSource(signal: number, queue: signalQueue)
-    source.setEventHandler {
+    // @Sendable: runs on `signalQueue`, not on the main actor that Swift 6 gives a closure made in top-level code
+    // (which would trap at run time); it takes what it uses with it.
+    source.setEventHandler { @Sendable [logger, service, config] in
         logger.info("shutting down", ["signal": .string(name), "grace_ms": .int(config.shutdownGraceMs)])
         service.shutdown()
         exit(0)

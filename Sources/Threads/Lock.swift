@@ -64,14 +64,17 @@ public final class Lock: @unchecked Sendable {
 
 /// A value reachable only with its `Lock` held: the drop-in for `Synchronization.Mutex<Value>`.
 public final class Locked<Value>: @unchecked Sendable {
-    // @unchecked: `value` is read and written only inside `withLock`, with `lock` held; like `Mutex`, a
-    // `Locked` hands its value to one thread at a time, so the value itself need not be `Sendable`.
+    // @unchecked: `value` is read and written only inside `withLock`, with `lock` held. Like `Mutex`'s, the value
+    // need not be `Sendable`: it is taken `sending` (as `Mutex` takes it), so the compiler refuses a value the caller
+    // still holds a reference to, and a `body` that leaves in it something the caller can still reach. It does not
+    // see a reference into the value handed out as `body`'s result: callers take out copies (every `Locked` here
+    // holds value types and `Sendable` references).
     private let lock = Lock()
     private var value: Value
 
-    public init(_ value: Value) { self.value = value }
+    public init(_ value: sending Value) { self.value = value }
 
-    public func withLock<T>(_ body: (inout Value) throws -> T) rethrows -> T {
+    public func withLock<T>(_ body: (inout sending Value) throws -> sending T) rethrows -> sending T {
         lock.lock()
         defer { lock.unlock() }
         return try body(&value)

@@ -330,6 +330,7 @@ final class HTTPServerLifecycleTests: XCTestCase {
 
 /// A thread-safe list of (text, number) pairs that callbacks record into.
 final class ResponseLog: @unchecked Sendable {
+    // @unchecked: `stored` is read and written only with `lock` held.
     private let lock = NSLock()
     private var stored: [(String, UInt64)] = []
 

@@ -1,4 +1,5 @@
 import Foundation
+import Threads
 import XCTest
 @testable import HTTPServer
 #if canImport(Glibc)
@@ -208,6 +209,7 @@ func curl(_ arguments: [String]) throws -> CurlResult {
 
 /// Holds responders that tests complete later.
 final class ResponderBox: @unchecked Sendable {
+    // @unchecked: `responders` is read and written only with `lock` held.
     private let lock = NSLock()
     private var responders: [HTTPResponder] = []
 
@@ -233,12 +235,12 @@ final class ResponderBox: @unchecked Sendable {
     }
 }
 
-/// A started server with the routes the tests use, on 127.0.0.1 and a free port.
-final class TestServer {
+/// A started server with the routes the tests use, on 127.0.0.1 and a free port. Tests stop it from other threads.
+final class TestServer: Sendable {
     let server: HTTPServer
     let port: Int
     let pending = ResponderBox()
-    private var stopped = false
+    private let stopped = Locked(false)
 
     init(configure: (inout HTTPServerConfiguration) -> Void = { _ in }, extraRoutes: (Router) -> Void = { _ in }) throws {
         var configuration = HTTPServerConfiguration()
@@ -283,8 +285,11 @@ final class TestServer {
 
     @discardableResult
     func stop(grace: Double = 2) -> Bool {
-        guard !stopped else { return true }
-        stopped = true
+        let first = stopped.withLock { stopped in
+            defer { stopped = true }
+            return !stopped
+        }
+        guard first else { return true }
         return server.shutdown(gracePeriodSeconds: grace)
     }
 

@@ -19,6 +19,9 @@ func value(_ failure: Failure?) -> String? {
 /// Runs `body` on a thread with a small stack (256 KiB), so that recursion proportional to a
 /// chain's length would crash the test instead of passing unnoticed on the main thread's 8 MiB.
 func onSmallStack(_ body: @escaping () -> Void, file: StaticString = #filePath, line: UInt = #line) {
+    // nonisolated(unsafe): `body` runs on the new thread while this one waits for `done`, so what it captures from
+    // the caller is never used by two threads at once (but after a timeout, which has failed the test).
+    nonisolated(unsafe) let body = body
     let done = DispatchSemaphore(value: 0)
     let thread = Thread {
         body()

@@ -7,7 +7,9 @@ import XCTest
 /// Engines on real SQLite files in a temp folder, fetching from one local upstream per test class; every engine
 /// made is shut down after its test.
 class EngineTestCase: XCTestCase {
-    static var upstream: Upstream?
+    // nonisolated(unsafe), both statics: written only by the class `setUp` and `tearDown`, and read by that class's
+    // tests between them; XCTest runs these one after another, and a test's threads start after the write.
+    nonisolated(unsafe) static var upstream: Upstream?
     var upstream: Upstream { Self.upstream! }
     var directory = ""
     var engines: [Engine] = []
@@ -15,7 +17,7 @@ class EngineTestCase: XCTestCase {
     /// True in the subclasses that run their inherited tests on PostgreSQL (PostgresEngineTests.swift).
     class var usesPostgres: Bool { false }
     /// The class's throwaway cluster while a PostgreSQL class runs (XCTest runs one class at a time).
-    static var postgres: PostgresTestCluster?
+    nonisolated(unsafe) static var postgres: PostgresTestCluster?
     /// The database of each `dbName` of the current test, on PostgreSQL.
     var databases: [String: String] = [:]
 
@@ -111,6 +113,8 @@ class EngineTestCase: XCTestCase {
 }
 
 final class Box<T>: @unchecked Sendable {
+    // @unchecked: the tests hand `value` between threads with a semaphore, an expectation or a lock that orders
+    // each write before the reads after it (but one read, which asserts that no write happened yet).
     var value: T
     init(_ value: T) { self.value = value }
 }

@@ -55,9 +55,8 @@ final class FetcherCancelTests: FetcherTestCase {
 
     func testManyCancellationsFromOtherThreadsAllComplete() throws {
         let box = OutcomeBox()
-        var handles: [FetchHandle] = []
-        for i in 0..<60 {
-            handles.append(fetcher.start(FetchRequest(url: upstream.url(i % 2 == 0 ? "/hang" : "/delay/5000"))) { box.set($0) })
+        let handles = (0..<60).map { i in
+            fetcher.start(FetchRequest(url: upstream.url(i % 2 == 0 ? "/hang" : "/delay/5000"))) { box.set($0) }
         }
         try waitForActive(16)  // the default per-host limit: the rest wait in libcurl's queue
         DispatchQueue.concurrentPerform(iterations: handles.count) { handles[$0].cancel() }
@@ -71,6 +70,7 @@ final class FetcherCancelTests: FetcherTestCase {
 
     func testStartsFromManyThreadsAllComplete() throws {
         let box = OutcomeBox()
+        let fetcher: Fetcher = self.fetcher, upstream: Upstream = self.upstream
         DispatchQueue.concurrentPerform(iterations: 200) { i in
             fetcher.start(FetchRequest(url: upstream.url("/json?size=\(10 + i)"))) { box.set($0) }
         }

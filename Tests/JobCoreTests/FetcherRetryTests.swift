@@ -102,6 +102,7 @@ final class FetcherRetryTests: FetcherTestCase {
 
 /// Attempt numbers reported on the fetcher's thread.
 final class AttemptLog: @unchecked Sendable {
+    // @unchecked: `list` is read and written only with `lock` held.
     private let lock = NSLock()
     private var list: [Int] = []
     func append(_ n: Int) { lock.lock(); list.append(n); lock.unlock() }

@@ -19,14 +19,21 @@ func fetchAndWait(
 
 /// Collects outcomes delivered on the fetcher's thread.
 final class OutcomeBox: @unchecked Sendable {
+    // @unchecked: `outcomes` and `completions` are read and written only with `condition` locked.
     private let condition = NSCondition()
     private var outcomes: [FetchOutcome] = []
-    private(set) var completionCount = 0
+    private var completions = 0
+
+    var completionCount: Int {
+        condition.lock()
+        defer { condition.unlock() }
+        return completions
+    }
 
     func set(_ outcome: FetchOutcome) {
         condition.lock()
         outcomes.append(outcome)
-        completionCount += 1
+        completions += 1
         condition.broadcast()
         condition.unlock()
     }

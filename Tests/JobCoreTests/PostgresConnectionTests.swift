@@ -6,8 +6,10 @@ import XCTest
 
 /// libpq through `PostgresConnection`, against a real throwaway PostgreSQL cluster.
 final class PostgresConnectionTests: XCTestCase {
-    static var cluster: PostgresCluster?
-    static var startFailure: Error?
+    // nonisolated(unsafe): written only by the class `setUp` and `tearDown`, read by the tests between them, which
+    // XCTest runs one after another on one thread.
+    nonisolated(unsafe) static var cluster: PostgresCluster?
+    nonisolated(unsafe) static var startFailure: Error?
 
     override class func setUp() {
         do { cluster = try PostgresCluster.start() } catch { startFailure = error }

@@ -30,7 +30,7 @@ final class PostgresTestCluster: @unchecked Sendable {
 
 /// Every `StoreTests` test on a `PostgresJobStore`. The few that test SQLite's file are replaced by their
 /// PostgreSQL counterpart, or by nothing where there is none (each says why).
-final class PostgresStoreTests: StoreTests {
+final class PostgresStoreTests: StoreTests, @unchecked Sendable {  // @unchecked: as StoreTestCase's
     static let postgres = PostgresTestCluster()
     var databaseURL = ""
 
@@ -107,7 +107,7 @@ final class PostgresStoreTests: StoreTests {
 }
 
 /// `StoreFailureTests` on a `PostgresJobStore`.
-final class PostgresStoreFailureTests: StoreFailureTests {
+final class PostgresStoreFailureTests: StoreFailureTests, @unchecked Sendable {  // @unchecked: as StoreTestCase's
     static let postgres = PostgresTestCluster()
     var databaseURL = ""
 
@@ -155,7 +155,7 @@ final class PostgresStoreFailureTests: StoreFailureTests {
 
 /// `StoreDurabilityTests` on PostgreSQL: a child process writing to a `PostgresJobStore` is killed with SIGKILL;
 /// every job it was answered for and every change a flush confirmed is in the database.
-final class PostgresStoreDurabilityTests: StoreDurabilityTests {
+final class PostgresStoreDurabilityTests: StoreDurabilityTests, @unchecked Sendable {  // @unchecked: as StoreTestCase's
     static let postgres = PostgresTestCluster()
     var databaseURL = ""
 

@@ -11,7 +11,7 @@ import Glibc
 /// The child is this same test binary, started with an environment variable
 /// that makes `testChildWritesUntilKilled` do the writing; run normally, that
 /// test does nothing.
-class StoreDurabilityTests: StoreTestCase {
+class StoreDurabilityTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreTestCase's
     private static let childDatabase = "JOBSERVER_STORE_CHILD_DB"
     private static let childAcks = "JOBSERVER_STORE_CHILD_ACKS"
 
@@ -22,7 +22,7 @@ class StoreDurabilityTests: StoreTestCase {
         guard acks >= 0 else { exit(3) }
         // The parent's store: a SQLite file, or a PostgreSQL database (`PostgresStoreDurabilityTests`).
         let store: JobStore = path.hasPrefix("postgres://") ? try PostgresJobStore(url: path) : try SQLiteJobStore(path: path)
-        func ack(_ line: String) {
+        @Sendable func ack(_ line: String) {
             let bytes = Array((line + "\n").utf8)
             _ = bytes.withUnsafeBytes { write(acks, $0.baseAddress, $0.count) }
         }

@@ -11,7 +11,7 @@ import Glibc
 /// are kept (the latest of each record) and retried until they commit, new work is refused meanwhile,
 /// and the store recovers by itself. The failure is a real one: another connection holding the
 /// write lock (SQLITE_BUSY), or the process out of file descriptors.
-final class StoreFailurePolicyTests: StoreTestCase {
+final class StoreFailurePolicyTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreTestCase's
     func testResourceFailuresAreToldFromBugs() {
         // Extended codes are `primary | (n << 8)` (sqlite3.h); Swift imports only the primary ones.
         let ioerrWrite = SQLITE_IOERR | (3 << 8), ioerrFsync = SQLITE_IOERR | (4 << 8)

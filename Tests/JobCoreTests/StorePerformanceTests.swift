@@ -9,7 +9,7 @@ import Glibc
 /// Timing checks. The bounds are loose enough for a debug build on a busy
 /// two-core machine; the figures are printed. The comparison with the sqlite3
 /// command-line tool runs only with `JOBSERVER_STORE_BENCH=1` (use a release build).
-final class StorePerformanceTests: StoreTestCase {
+final class StorePerformanceTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreTestCase's
     func testRecoveryLoadsTenThousandUnfinishedJobsWithTwoQueries() throws {
         let store = try openStore()
         defer { store.close() }

@@ -7,7 +7,10 @@ import Glibc
 #endif
 
 /// A temporary folder per test, removed afterwards.
-class StoreTestCase: XCTestCase {
+class StoreTestCase: XCTestCase, @unchecked Sendable {
+    // @unchecked: the threads of `onThreads` call its helpers (`makeJob`, `create`, `makeStore`). The stored
+    // properties here and in the subclasses (`folder`, `databaseURL`) are written only in `setUpWithError` and
+    // `tearDown`, which XCTest runs before the test starts any thread and after `onThreads` has waited for them all.
     var folder = ""
 
     override func setUpWithError() throws {
@@ -87,13 +90,14 @@ class StoreTestCase: XCTestCase {
 }
 
 final class FailureBox: @unchecked Sendable {
+    // @unchecked: `items` is read and written only with `lock` held.
     private let lock = NSLock()
     private var items: [String] = []
     func add(_ s: String) { lock.lock(); items.append(s); lock.unlock() }
     var all: [String] { lock.lock(); defer { lock.unlock() }; return items }
 }
 
-class StoreTests: StoreTestCase {
+class StoreTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreTestCase's
     func testCreateAndReadBackEveryField() throws {
         let store = try makeStore()
         defer { store.close() }
@@ -533,7 +537,7 @@ class StoreTests: StoreTestCase {
     }
 }
 
-class StoreFailureTests: StoreTestCase {
+class StoreFailureTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreTestCase's
     func testWritesFailWhileAnotherProcessHoldsTheLockAndRecoverAfter() throws {
         let store = try SQLiteJobStore(path: dbPath, logger: .disabled, busyTimeoutMs: 100)
         defer { store.close() }

@@ -3,7 +3,7 @@ import XCTest
 @testable import JobCore
 
 /// The outbox rows the triggers of schema version 3 write: with the job, and with its settled state.
-class WebhookOutboxTriggerTests: StoreTestCase {
+class WebhookOutboxTriggerTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreTestCase's
     /// The outbox row of job `id` (`PostgresWebhookOutboxTriggerTests` reads it from PostgreSQL).
     func row(_ id: String) throws -> (state: String, delivery: String?, url: String)? {
         let connection = try SQLiteConnection(path: dbPath, create: false)
@@ -113,7 +113,7 @@ class WebhookOutboxTriggerTests: StoreTestCase {
 }
 
 /// The PL/pgSQL triggers of `PostgresSchema`, by the same tests.
-final class PostgresWebhookOutboxTriggerTests: WebhookOutboxTriggerTests {
+final class PostgresWebhookOutboxTriggerTests: WebhookOutboxTriggerTests, @unchecked Sendable {  // as StoreTestCase
     static let postgres = PostgresTestCluster()
     var databaseURL = ""
 

@@ -444,6 +444,7 @@ class AppRouteTests: XCTestCase {
 
 /// Holds the close action a route registered, to play the client going away.
 final class CloseActionBox: @unchecked Sendable {
+    // @unchecked: `action` is read and written only with `lock` held.
     private let lock = NSLock()
     private var action: (@Sendable () -> Void)?
 

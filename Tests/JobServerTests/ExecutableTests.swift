@@ -16,6 +16,7 @@ final class ExecutableTests: XCTestCase {
 
     /// Collects a pipe's bytes on a thread of its own.
     private final class PipeReader: @unchecked Sendable {
+        // @unchecked: `data` is read and written only with `lock` held; the other properties are constants.
         private let lock = NSLock()
         private var data = Data()
         private let done = DispatchSemaphore(value: 0)

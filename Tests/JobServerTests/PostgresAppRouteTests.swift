@@ -8,6 +8,8 @@ import XCTest
 /// database per harness (the same one for a harness made again on the same path). When PostgreSQL cannot start,
 /// every test fails with the reason.
 final class PostgresAppRouteTests: AppRouteTests {
+    // nonisolated(unsafe): written only by the class `setUp`, read by the tests after it, which XCTest runs one after
+    // another on one thread.
     nonisolated(unsafe) static var startFailure: Error?
 
     override class func setUp() {

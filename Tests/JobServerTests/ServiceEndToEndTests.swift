@@ -229,6 +229,7 @@ extension ServiceEndToEndTests {
 
 /// Hands a wire response over from the client thread.
 final class WireBox: @unchecked Sendable {
+    // @unchecked: `value` is read and written only with `lock` held; the other properties are constants.
     private let lock = NSLock()
     private let semaphore = DispatchSemaphore(value: 0)
     private var value: WireResponse??

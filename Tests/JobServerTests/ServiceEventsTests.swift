@@ -35,7 +35,7 @@ final class ServiceEventsTests: XCTestCase {
     }
 
     /// Runs curl with `arguments`; its standard output once it exits.
-    private func curl(_ arguments: [String]) throws -> String {
+    private static func curl(_ arguments: [String]) throws -> String {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
         process.arguments = ["curl"] + arguments
@@ -58,7 +58,7 @@ final class ServiceEventsTests: XCTestCase {
     func testIdleStreamGetsKeepAliveComments() throws {
         let id = try submitHangingJob()
         // curl gives up after 1 s (exit 28): the stream stays open while the job hangs.
-        let text = try curl(["-sN", "--max-time", "1", "http://127.0.0.1:\(port)/v1/jobs/\(id)/events"])
+        let text = try Self.curl(["-sN", "--max-time", "1", "http://127.0.0.1:\(port)/v1/jobs/\(id)/events"])
         XCTAssertTrue(text.hasPrefix("event: job\nid: "), text)
         XCTAssertGreaterThanOrEqual(text.components(separatedBy: ": keep-alive\n\n").count - 1, 2, text)
     }
@@ -68,8 +68,8 @@ final class ServiceEventsTests: XCTestCase {
         let output = Box<String>("")
         let done = expectation(description: "curl ended")
         let port = self.port
-        Thread { [self] in
-            output.value = (try? curl(["-sN", "--max-time", "20", "http://127.0.0.1:\(port)/v1/jobs/\(id)/events"])) ?? ""
+        Thread {
+            output.value = (try? Self.curl(["-sN", "--max-time", "20", "http://127.0.0.1:\(port)/v1/jobs/\(id)/events"])) ?? ""
             done.fulfill()
         }.start()
         // Once the stream is open, stop the server.
@@ -85,6 +85,8 @@ final class ServiceEventsTests: XCTestCase {
 }
 
 private final class Box<T>: @unchecked Sendable {
+    // @unchecked: the thread that sets `value` fulfils an expectation after it, and the test reads `value` only
+    // once it has waited for that expectation.
     var value: T
     init(_ value: T) { self.value = value }
 }

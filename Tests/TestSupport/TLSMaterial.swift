@@ -3,6 +3,7 @@ import Foundation
 /// A throwaway CA and server certificates made with `openssl` by `Tests/Fixtures/make-tls.sh`, in a temporary
 /// folder removed by `remove()`.
 public final class TLSMaterial: @unchecked Sendable {
+    // @unchecked: its one stored property is a constant (the files are removed by whoever made it, once).
     /// The folder holding the files.
     public let directory: String
 

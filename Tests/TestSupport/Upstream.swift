@@ -18,6 +18,8 @@ public struct UpstreamError: Error, CustomStringConvertible {
 /// The upstream HTTP fixture (`Tests/Fixtures/upstream.py`) running as a child
 /// process on a free loopback port; killed by `stop()` or when released.
 public final class Upstream: @unchecked Sendable {
+    // @unchecked: `stopped` is read and written only with `lock` held; `scheme` is set by `start` before the
+    // fixture is handed out; the other properties are constants.
     /// The port the fixture listens on, on 127.0.0.1.
     public let port: Int
     private let process: Process

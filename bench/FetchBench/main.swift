@@ -12,8 +12,21 @@ import Glibc
 import Darwin
 #endif
 
+/// Writes `text` to standard error, unbuffered as `stderr` is: Swift 6 counts the C `stderr` global as shared
+/// mutable state, so the descriptor is written directly.
+func writeStandardError(_ text: String) {
+    let bytes = Array(text.utf8)
+    var offset = 0
+    while offset < bytes.count {
+        let written = bytes[offset...].withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress, $0.count) }
+        if written < 0 && errno == EINTR { continue }
+        guard written > 0 else { return }
+        offset += written
+    }
+}
+
 func fail(_ message: String) -> Never {
-    fputs("FetchBench: \(message)\n", stderr)
+    writeStandardError("FetchBench: \(message)\n")
     exit(1)
 }
 
@@ -41,7 +54,7 @@ extension String {
 
 let arguments = CommandLine.arguments
 guard arguments.count == 3, let concurrency = Int(arguments[2]), concurrency > 0 else {
-    fputs("usage: FetchBench <url-list-file> <max-concurrency>\n", stderr)
+    writeStandardError("usage: FetchBench <url-list-file> <max-concurrency>\n")
     exit(2)
 }
 let urls = readLines(arguments[1])
@@ -60,6 +73,9 @@ do {
 
 /// Hands out the next URL and counts outcomes; started from main, then from completions.
 final class Window: @unchecked Sendable {
+    // @unchecked: `next`, `completed` and `failures` change only with `mutex` held; `urls` and `fetcher` are never
+    // changed; `failures` is read without it only after `wait()`, which the last completion's `sem_post` releases
+    // once nothing changes it any more.
     private var mutex = pthread_mutex_t()
     private var next = 0
     private var completed = 0
@@ -88,7 +104,7 @@ final class Window: @unchecked Sendable {
             pthread_mutex_lock(&mutex)
             completed += 1
             if case .failure(let error) = outcome.result {
-                if failures == 0 { fputs("FetchBench: \(error)\n", stderr) }
+                if failures == 0 { writeStandardError("FetchBench: \(error)\n") }
                 failures += 1
             }
             let finished = completed == urls.count

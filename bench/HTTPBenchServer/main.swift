@@ -18,6 +18,19 @@ let jsonHeaders = HTTPHeaders([("Content-Type", "application/json")])
 let benchResponse = HTTPResponse(status: 200, headers: jsonHeaders, body: benchBody)
 let healthResponse = HTTPResponse(status: 200, headers: jsonHeaders, body: Array(#"{"status":"ok"}"#.utf8))
 
+/// Writes `text` to `fd` at once, unbuffered (what `print` and `fflush(stdout)` did): Swift 6 counts the C `stdout`
+/// and `stderr` globals as shared mutable state.
+func writeAll(_ fd: Int32, _ text: String) {
+    let bytes = Array(text.utf8)
+    var offset = 0
+    while offset < bytes.count {
+        let written = bytes[offset...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+        if written < 0 && errno == EINTR { continue }
+        guard written > 0 else { return }
+        offset += written
+    }
+}
+
 let router = Router()
 router.add("GET", "/bench/json") { _, responder in responder.send(benchResponse) }
 router.add("GET", "/healthz") { _, responder in responder.send(healthResponse) }
@@ -35,14 +48,13 @@ configuration.port = port
 let server = HTTPServer(configuration: configuration, router: router)
 do {
     let bound = try server.start()
-    print("HTTPBenchServer listening on 127.0.0.1:\(bound)")
-    fflush(stdout)
+    writeAll(STDOUT_FILENO, "HTTPBenchServer listening on 127.0.0.1:\(bound)\n")
 } catch {
-    fputs("HTTPBenchServer: \(error)\n", stderr)
+    writeAll(STDERR_FILENO, "HTTPBenchServer: \(error)\n")
     exit(1)
 }
 var received: Int32 = 0
 sigwait(&signals, &received)
 let drained = server.shutdown(gracePeriodSeconds: 5)
-fputs("HTTPBenchServer: stopped (\(drained ? "drained" : "grace period passed"))\n", stderr)
+writeAll(STDERR_FILENO, "HTTPBenchServer: stopped (\(drained ? "drained" : "grace period passed"))\n")
 exit(0)

@@ -396,7 +396,7 @@ public final class Engine: @unchecked Sendable {
 
     /// Answers from the run in memory (looked at on `queue`), else from `stored` (on a read queue).
     private func read<Answer: Sendable>(
-        _ jobID: String, live: @escaping (JobRun) -> Answer, stored: @escaping @Sendable () throws -> Answer,
+        _ jobID: String, live: @escaping @Sendable (JobRun) -> Answer, stored: @escaping @Sendable () throws -> Answer,
         _ completion: @escaping @Sendable (Result<Answer, Error>) -> Void
     ) {
         queue.async {

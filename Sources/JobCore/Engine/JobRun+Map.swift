@@ -263,7 +263,9 @@ final class MapRunner {
 /// A map's copies without a `concurrency` bound, started a chunk per turn of the engine's queue: the fetch
 /// queue runs between chunks, so the first copies' transfers begin without waiting for thousands of copies to
 /// start. Until started, a copy stands in the list as a placeholder, as in a list with `concurrency`.
-final class StaggeredStart {
+final class StaggeredStart: @unchecked Sendable {
+    // @unchecked: like the run's, every property is read and changed only on the engine's `queue`: it is made
+    // there, and the one `@Sendable` closure that holds it (the next chunk's) runs on that queue too.
     static let chunk = 256
     unowned let run: JobRun
     let children: [Int]

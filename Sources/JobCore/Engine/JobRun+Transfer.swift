@@ -62,7 +62,7 @@ extension JobRun {
         let engine = self.engine
         let original = engine.cacheOriginals.removeValue(forKey: cacheKey(i)) ?? sent
         let requestTimeMs = Timestamp.nowMs()
-        let deliver: (FetchOutcome) -> Void = { [weak self] outcome in
+        let deliver: @Sendable (FetchOutcome) -> Void = { [weak self] outcome in
             let run = self
             cache.absorb(original: original, sent: sent, requestTimeMs: requestTimeMs, outcome: outcome) { final in
                 engine.queue.async { run?.fetchFinished(i, final) }

@@ -7,7 +7,9 @@
 /// a slot, and gives the slot straight back; the transfer keeps the slot of the fetch that started it until it
 /// ends, even if that fetch is cancelled meanwhile. The transfer is aborted only when its last sharer leaves.
 /// Owned by the engine's queue.
-final class SharedTransfers {
+final class SharedTransfers: @unchecked Sendable {
+    // @unchecked: every property (and every `Flight`) is read and changed only on the engine's `queue`; the
+    // completion `begin` hands to `start` is called on that queue (its contract), the fetcher's thread only holds it.
     struct Key: Hashable {
         var method: String
         var url: String
@@ -46,7 +48,8 @@ final class SharedTransfers {
         var deliver: ((FetchOutcome) -> Void)?
     }
 
-    private final class Flight {
+    private final class Flight: @unchecked Sendable {
+        // @unchecked: as `SharedTransfers`, touched only on the engine's queue.
         let key: Key
         var handle: FetchHandle?
         var sharers: [Sharer] = []
@@ -67,7 +70,7 @@ final class SharedTransfers {
     /// queue once the transfer ends.
     func begin(
         _ request: FetchRequest, run: JobRun, node: Int, deliver: ((FetchOutcome) -> Void)? = nil,
-        releaseSlot: () -> Void, start: (@escaping (FetchOutcome) -> Void) -> FetchHandle
+        releaseSlot: () -> Void, start: (@escaping @Sendable (FetchOutcome) -> Void) -> FetchHandle
     ) {
         let key = Key(request)
         let member = Member(run: ObjectIdentifier(run), node: node)

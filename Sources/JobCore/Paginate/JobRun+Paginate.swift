@@ -6,7 +6,8 @@
 
 /// One paginated fetch in progress: what its pages so far gave. Lives in `JobRun.runners` while the node runs.
 /// Like the run, it is read and changed only on the engine's queue: a page's completion carries it there.
-final class PageWalk {
+final class PageWalk: @unchecked Sendable {
+    // @unchecked: see above; the fetcher's completion holds it without touching it, and hands it back to `queue`.
     let spec: PaginateSpec
     /// The first page's request; later pages differ only in `url` and `maxBytes`.
     let first: FetchRequest

@@ -151,7 +151,7 @@ struct ClientCommand {
                         FileHandle.standardOutput.write(Data(("\r\u{1B}[2K" + line).utf8))
                     } else {
                         print(line)
-                        fflush(stdout)
+                        fflush(nil)  // every output stream: Swift 6 counts the C `stdout` global as shared state
                     }
                     lastLine = line
                 }

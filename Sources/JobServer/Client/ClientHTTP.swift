@@ -74,7 +74,9 @@ struct ClientHTTP {
             return curl_easy_perform(easy)
         }
         guard code == CURLE_OK else {
-            let detail = errorBuffer[0] != 0 ? String(cString: errorBuffer) : String(cString: curl_easy_strerror(code))
+            let detail = errorBuffer[0] != 0
+                ? String(decoding: errorBuffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+                : String(cString: curl_easy_strerror(code))
             throw ClientFailure(exitStatus: 2, message: "\(method) \(url): \(detail)")
         }
         var status = 0

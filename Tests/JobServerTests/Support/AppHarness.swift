@@ -8,6 +8,7 @@ import XCTest
 
 /// Log lines collected from a `Logger` sink.
 final class LogLines: @unchecked Sendable {
+    // @unchecked: `lines` is read and written only with `lock` held.
     private let lock = NSLock()
     private var lines: [JSONValue] = []
 
@@ -161,6 +162,7 @@ final class AppHarness {
 
 /// Holds one answer handed over from another thread.
 final class AnswerBox: @unchecked Sendable {
+    // @unchecked: `answers` is read and written only with `lock` held; the other properties are constants.
     private let lock = NSLock()
     private let semaphore = DispatchSemaphore(value: 0)
     private var answers: [Answer] = []
