@@ -164,7 +164,7 @@ extension Engine: SharedStoreDelegate {
                     continue  // the next poll tries again
                 }
                 guard let job = read else {
-                    for stream in list { fanOut.async { stream.subscriber.deliver(nil) } }
+                    for subscriber in list.map(\.subscriber) { fanOut.async { subscriber.deliver(nil) } }
                     self.remoteStreams.streams[id] = nil
                     continue
                 }
@@ -180,7 +180,8 @@ extension Engine: SharedStoreDelegate {
                         job: job, nodes: changed, jobStateChanged: stream.job.state != job.state, isLast: job.state.isSettled)
                     for node in changed { stream.nodeStates[node.id] = node.state }
                     stream.job = job
-                    fanOut.async { stream.subscriber.deliver(batch) }
+                    let subscriber = stream.subscriber
+                    fanOut.async { subscriber.deliver(batch) }
                 }
                 list.removeAll { $0.job.state.isSettled }
                 self.remoteStreams.streams[id] = list.isEmpty ? nil : list
@@ -195,7 +196,8 @@ extension Engine: SharedStoreDelegate {
             for (_, list) in self.remoteStreams.streams {
                 for stream in list {
                     let batch = JobEventBatch(job: stream.job, nodes: [], jobStateChanged: true, isLast: true)
-                    fanOut.async { stream.subscriber.deliver(batch) }
+                    let subscriber = stream.subscriber
+                    fanOut.async { subscriber.deliver(batch) }
                 }
             }
             self.remoteStreams.streams.removeAll()
