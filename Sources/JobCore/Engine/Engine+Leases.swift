@@ -289,13 +289,7 @@ extension Engine: SharedStoreDelegate {
             var failed: [JobRecord] = []
             for (job, reason) in refused {
                 logger.error("claimed job failed", ["job": .string(job.id), "reason": .string(reason)])
-                var record = job
-                record.state = .failed
-                record.finishedAt = now
-                record.result = nil
-                record.error = NodeError(.internal, reason, node: "root")
-                record.version += 1
-                failed.append(record)
+                failed.append(job.failedWhenLoaded(reason, at: now))
             }
             store.enqueue(jobs: failed, nodes: [], bodies: [])
         }

@@ -1,8 +1,7 @@
 import Foundation
 
 extension Engine {
-    /// Jobs newest first, with live state for running ones, as `list(state:limit:cursor:)` gives them, without
-    /// holding the caller's thread: once the store's writer has committed what was queued before the call, the
+    /// Jobs newest first, with live state for running ones, without holding the caller's thread: once the store's writer has committed what was queued before the call, the
     /// page is read, and `completion` runs, on a read queue, below the event loops' priority (a busy listing
     /// costs more CPU to read and show than any other route but the largest reads).
     /// `completion` gets `EngineError.badCursor` for a cursor this server did not hand out, or a `StoreError`.

@@ -235,13 +235,8 @@ extension Engine {
             }
             for (job, reason) in failed {
                 logger.error("scheduled job failed when it was due", ["job": .string(job.id), "reason": .string(reason)])
-                var record = job
+                var record = job.failedWhenLoaded(reason, at: now)
                 record.dueAt = nil
-                record.state = .failed
-                record.finishedAt = now
-                record.result = nil
-                record.error = NodeError(.internal, reason, node: "root")
-                record.version += 1
                 jobsByState[job.state, default: 0] -= 1
                 jobsByState[.failed, default: 0] += 1
                 written.append(record)

@@ -127,13 +127,7 @@ public final class Engine: @unchecked Sendable {
             var failed: [JobRecord] = []
             for (job, reason) in refused {
                 logger.error("stored job failed at start", ["job": .string(job.id), "reason": .string(reason)])
-                var record = job
-                record.state = .failed
-                record.finishedAt = now
-                record.result = nil
-                record.error = NodeError(.internal, reason, node: "root")
-                record.version += 1
-                failed.append(record)
+                failed.append(job.failedWhenLoaded(reason, at: now))
                 leftoverReasons[job.id] = "the job failed when the server started: its stored form could not be loaded"
             }
             store.enqueue(jobs: failed, nodes: [], bodies: [])
@@ -438,26 +432,6 @@ public final class Engine: @unchecked Sendable {
         } else {
             settledJobs.removeAll()
         }
-    }
-
-    /// Jobs newest first, with live state for running ones.
-    /// - Throws: `EngineError.badCursor` for a cursor this server did not hand out; `StoreError`.
-    public func list(state: NodeState?, limit: Int, cursor: String?) throws -> JobPage {
-        try store.flush()
-        var page: JobPage
-        do {
-            page = try store.listJobs(state: state, limit: limit, cursor: cursor)
-        } catch let error as StoreError where error.kind == .badCursor {
-            throw EngineError.badCursor(error.description)
-        }
-        queue.sync {
-            for k in page.jobs.indices {
-                if let live = runs[page.jobs[k].id].map(shownRecord), state == nil || live.state == state {
-                    page.jobs[k] = live
-                }
-            }
-        }
-        return page
     }
 
     /// The job's nodes in tree order; `nil` when there is no such job.
@@ -1164,5 +1138,18 @@ final class SettledJobCache: @unchecked Sendable {
         for id in order[head...].reversed() where entries[id] != nil && seen.insert(id).inserted { kept.append(id) }
         order = kept.reversed()
         head = 0
+    }
+}
+
+extension JobRecord {
+    /// The job failed alone, with kind `internal`, because its stored form could not be loaded or rebuilt.
+    func failedWhenLoaded(_ reason: String, at now: Int64) -> JobRecord {
+        var record = self
+        record.state = .failed
+        record.finishedAt = now
+        record.result = nil
+        record.error = NodeError(.internal, reason, node: "root")
+        record.version += 1
+        return record
     }
 }
