@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Several servers on one PostgreSQL (API.md §10) against one server on SQLite, in the same run, same flags:
-# completed 10-node jobs per second (ten loopback fetches each) with 1, 2 and 3 servers on one PostgreSQL
+# completed 10-node jobs per second (a list of nine loopback fetches) with 1, 2 and 3 servers on one PostgreSQL
 # database and with one server on SQLite; CLIENTS clients, spread round-robin over the servers, each submit a job
 # and long-poll it until it settles, for COMPLETE_SECONDS. Also per-server CPU (% of one core), PostgreSQL's CPU
 # and its commits per second (pg_stat_database.xact_commit) over the same time, and the rate N servers would
 # reach if they scaled linearly from one.
 # PostgreSQL is a throwaway cluster (scripts/pg-cluster.sh) with fsync on, on the same cores as the servers and
-# the load generator. Prints a markdown section on stdout; progress goes to stderr.
+# the load generator. SCALEOUT_RUNS (default 5) runs, each measuring every configuration once; the section gives
+# the median (min–max) of each figure. Prints a markdown section on stdout; progress goes to stderr.
 # JOBSERVER_BIN runs that binary instead of building the release one (the section then says which).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/.."
 
 COMPLETE_SECONDS=${COMPLETE_SECONDS:-15}
 CLIENTS=${CLIENTS:-24}
+RUNS=${SCALEOUT_RUNS:-5}
 
 if [ -n "${JOBSERVER_BIN:-}" ]; then
     BIN=$JOBSERVER_BIN
@@ -84,14 +86,16 @@ PY
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A rate failed cpu pgcpu pgcommits
 configs=(sqlite pg1 pg2 pg3)
+# Each run measures every configuration once, in turn, on fresh databases; every figure is kept per run.
+for run in $(seq 1 "$RUNS"); do
 for config in "${configs[@]}"; do
     servers=1
     if [ "$config" = sqlite ]; then
-        db="$tmp/$config.sqlite"
+        db="$tmp/$config-$run.sqlite"
     else
         servers=${config#pg}
-        psql "$url" -qAtc "CREATE DATABASE $config" >/dev/null
-        db="${url%/*}/$config"
+        psql "$url" -qAtc "CREATE DATABASE ${config}_$run" >/dev/null
+        db="${url%/*}/${config}_$run"
     fi
     ports=()
     spids=()
@@ -128,24 +132,61 @@ for config in "${configs[@]}"; do
     fi
     for p in "${spids[@]}"; do kill -TERM "$p"; done
     for p in "${spids[@]}"; do wait "$p" 2>/dev/null || true; done
-    echo "$config: ${rate[$config]} jobs/s, cpu ${cpu[$config]} %, pg cpu ${pgcpu[$config]} %, commits/s ${pgcommits[$config]}" >&2
+    echo "run $run, $config: ${rate[$config]} jobs/s, cpu ${cpu[$config]} %, pg cpu ${pgcpu[$config]} %, commits/s ${pgcommits[$config]}" >&2
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "${rate[$config]}" "${failed[$config]}" "${cpu[$config]}" \
+        "${pgcpu[$config]}" "${pgcommits[$config]}" >>"$tmp/runs.tsv"
 done
-linear() { python3 -c "print(round($1 * ${rate[pg1]}, 1))"; }
+done
+# The median (min–max) over the runs of each figure; CPU per server as the median of each server's share.
+summary() {
+    python3 - "$tmp/runs.tsv" "$1" "$2" <<'PY'
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+config, field = sys.argv[2], sys.argv[3]
+mine = [r for r in rows if r[0] == config]
+def span(xs, fmt):
+    xs = sorted(xs)
+    return (fmt % statistics.median(xs)) + " (" + (fmt % xs[0]) + "–" + (fmt % xs[-1]) + ")"
+if field == "rate":
+    print(span([float(r[1]) for r in mine], "%.1f"))
+elif field == "failed":
+    print(sum(int(r[2]) for r in mine))
+elif field == "cpu":
+    shares = [[float(x) for x in r[3].split(" / ")] for r in mine]
+    print(" / ".join("%d" % statistics.median(s[k] for s in shares) for k in range(len(shares[0]))))
+elif field in ("pgcpu", "commits"):
+    column = 4 if field == "pgcpu" else 5
+    print("–" if mine[0][column] == "–" else span([float(r[column]) for r in mine], "%d"))
+elif field == "linear":
+    one = statistics.median(float(r[1]) for r in rows if r[0] == "pg1")
+    print("%.1f" % (one * int(config[2:])))
+PY
+}
+for config in "${configs[@]}"; do
+    rate[$config]=$(summary "$config" rate)
+    failed[$config]=$(summary "$config" failed)
+    cpu[$config]=$(summary "$config" cpu)
+    pgcpu[$config]=$(summary "$config" pgcpu)
+    pgcommits[$config]=$(summary "$config" commits)
+done
+linear() { summary "pg$1" linear; }
 
 cat <<MD
 ## Several servers on one PostgreSQL
 
 \`bench/76-scaleout.sh\`: the $build server, one on SQLite and 1, 2 and 3 on one database of a throwaway
 PostgreSQL cluster (fsync on, default \`--lease-ttl\`), one configuration after the other with the same flags
-(\`--max-per-host 4096\`). $CLIENTS clients, spread round-robin over the servers, each submit a job of ten loopback
-fetches and long-poll it until it settles, for ${COMPLETE_SECONDS} s. CPU is user + system time over the run, in
-% of one core, per server and for all of PostgreSQL's processes; commits are PostgreSQL's over the same time.
+(\`--max-per-host 4096\`). $CLIENTS clients, spread round-robin over the servers, each submit a job of nine loopback
+fetches under a list (ten nodes) and long-poll it until it settles, for ${COMPLETE_SECONDS} s; $RUNS runs, each measuring every configuration in
+turn. Figures are the median (min–max) over the runs; jobs not succeeded are summed over them. CPU is user +
+system time over the measurement, in % of one core, per server (the median of each server's share) and for all of
+PostgreSQL's processes; commits are PostgreSQL's over the same time.
 Load average when the run began: $load.
 
 | configuration | completed 10-node jobs / s | linear from 1 server | jobs not succeeded | server CPU % | PostgreSQL CPU % | PostgreSQL commits / s |
 |---|---|---|---|---|---|---|
 | SQLite, 1 server | ${rate[sqlite]} | – | ${failed[sqlite]} | ${cpu[sqlite]} | ${pgcpu[sqlite]} | ${pgcommits[sqlite]} |
-| PostgreSQL, 1 server | ${rate[pg1]} | ${rate[pg1]} | ${failed[pg1]} | ${cpu[pg1]} | ${pgcpu[pg1]} | ${pgcommits[pg1]} |
+| PostgreSQL, 1 server | ${rate[pg1]} | $(linear 1) | ${failed[pg1]} | ${cpu[pg1]} | ${pgcpu[pg1]} | ${pgcommits[pg1]} |
 | PostgreSQL, 2 servers | ${rate[pg2]} | $(linear 2) | ${failed[pg2]} | ${cpu[pg2]} | ${pgcpu[pg2]} | ${pgcommits[pg2]} |
 | PostgreSQL, 3 servers | ${rate[pg3]} | $(linear 3) | ${failed[pg3]} | ${cpu[pg3]} | ${pgcpu[pg3]} | ${pgcommits[pg3]} |
 
