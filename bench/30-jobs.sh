@@ -21,10 +21,8 @@ BIN=$(swift build -c release --show-bin-path)/jobserver
 bench_setup
 
 # A server that never answers: every fetch of the big job stays pending or in flight.
-python3 Tests/Fixtures/upstream.py --port 0 >"$tmp/upstream.out" 2>/dev/null &
-pids+=($!)
-for _ in $(seq 1 100); do [ -s "$tmp/upstream.out" ] && break; sleep 0.05; done
-hang_port=$(awk '/^listening/ {print $2}' "$tmp/upstream.out")
+start_upstream
+hang_port=$up_port
 
 # start_server DB [flags…]: sets server_pid and server_port.
 start_server() {

@@ -46,10 +46,8 @@ start_nginx "$tmp/www"
 U="http://127.0.0.1:$nginx_port"
 wait_for "$U/small.json"
 # An upstream that never answers, for the readers of (c).
-python3 Tests/Fixtures/upstream.py --port 0 >"$tmp/upstream.out" 2>/dev/null &
-pids+=($!)
-for _ in $(seq 1 100); do [ -s "$tmp/upstream.out" ] && break; sleep 0.05; done
-hang="http://127.0.0.1:$(awk '/^listening/ {print $2}' "$tmp/upstream.out")/hang"
+start_upstream
+hang="http://127.0.0.1:$up_port/hang"
 
 # start_server DB [flags…]: sets server_pid and server_port.
 start_server() {

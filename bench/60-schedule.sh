@@ -23,10 +23,7 @@ BIN=$(swift build -c release --show-bin-path)/jobserver
 
 bench_setup
 
-python3 Tests/Fixtures/upstream.py --port 0 >"$tmp/upstream.out" 2>/dev/null &
-pids+=($!)
-for _ in $(seq 1 100); do [ -s "$tmp/upstream.out" ] && break; sleep 0.05; done
-up_port=$(awk '/^listening/ {print $2}' "$tmp/upstream.out")
+start_upstream
 
 # start_server DB: sets server_pid and server_port.
 start_server() {

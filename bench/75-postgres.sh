@@ -17,16 +17,9 @@ swift build -c release --product jobserver >&2
 BIN=$(swift build -c release --show-bin-path)/jobserver
 
 bench_setup
-# Under /tmp itself: as root the cluster runs as `nobody`, who cannot enter $tmp.
-pgdir=$(mktemp -d /tmp/jobserver-pg-bench.XXXXXX)
-trap 'bash scripts/pg-cluster.sh stop "$pgdir" >/dev/null 2>&1 || true; _bench_cleanup' EXIT INT TERM
-url=$(bash scripts/pg-cluster.sh start "$pgdir" | tail -1)
-echo "PostgreSQL at $url" >&2
+start_postgres
 
-python3 Tests/Fixtures/upstream.py --port 0 >"$tmp/upstream.out" 2>/dev/null &
-pids+=($!)
-for _ in $(seq 1 100); do [ -s "$tmp/upstream.out" ] && break; sleep 0.05; done
-up_port=$(awk '/^listening/ {print $2}' "$tmp/upstream.out")
+start_upstream
 
 start_server() {
     local db=$1; shift

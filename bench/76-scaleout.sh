@@ -26,15 +26,9 @@ fi
 build=$(case "$BIN" in */release/*) echo release ;; */debug/*) echo debug ;; *) echo "$BIN" ;; esac)
 
 bench_setup
-pgdir=$(mktemp -d /tmp/jobserver-pg-bench.XXXXXX)
-trap 'bash scripts/pg-cluster.sh stop "$pgdir" >/dev/null 2>&1 || true; _bench_cleanup' EXIT INT TERM
-url=$(bash scripts/pg-cluster.sh start "$pgdir" | tail -1)
-echo "PostgreSQL at $url" >&2
+start_postgres
 
-python3 Tests/Fixtures/upstream.py --port 0 >"$tmp/upstream.out" 2>/dev/null &
-pids+=($!)
-for _ in $(seq 1 100); do [ -s "$tmp/upstream.out" ] && break; sleep 0.05; done
-up_port=$(awk '/^listening/ {print $2}' "$tmp/upstream.out")
+start_upstream
 python3 - "$tmp/run.json" "$up_port" <<'PY'
 import json, sys
 run = [{"type": "fetch", "url": "http://127.0.0.1:%s/json?step=%d" % (sys.argv[2], i)} for i in range(9)]

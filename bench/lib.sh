@@ -74,3 +74,22 @@ nginx_version() { nginx -v 2>&1 | sed 's|.*/||'; }
 
 # rss_kib PID: resident set size in KiB.
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+
+# start_upstream: the fixture upstream (Tests/Fixtures/upstream.py) on a free loopback port, stopped on exit;
+# sets up_port.
+start_upstream() {
+    python3 Tests/Fixtures/upstream.py --port 0 >"$tmp/upstream.out" 2>/dev/null &
+    pids+=($!)
+    for _ in $(seq 1 100); do [ -s "$tmp/upstream.out" ] && break; sleep 0.05; done
+    up_port=$(awk '/^listening/ {print $2}' "$tmp/upstream.out")
+}
+
+# start_postgres: a throwaway PostgreSQL cluster (scripts/pg-cluster.sh), stopped on exit; sets pgdir and url.
+# After bench_setup, whose cleanup it keeps.
+start_postgres() {
+    # Under /tmp itself: as root the cluster runs as `nobody`, who cannot enter $tmp.
+    pgdir=$(mktemp -d /tmp/jobserver-pg-bench.XXXXXX)
+    trap 'bash scripts/pg-cluster.sh stop "$pgdir" >/dev/null 2>&1 || true; _bench_cleanup' EXIT INT TERM
+    url=$(bash scripts/pg-cluster.sh start "$pgdir" | tail -1)
+    echo "PostgreSQL at $url" >&2
+}
