@@ -11,7 +11,8 @@ bench_setup() {
 }
 
 _bench_cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    # Children first: nginx's workers outlive a master killed with -9.
+    for p in "${pids[@]}"; do pkill -9 -P "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$tmp"
 }

@@ -9,7 +9,8 @@ start_upstream
 TLS="$TMP/tls"
 bash Tests/Fixtures/make-tls.sh "$TLS" || fail "make-tls.sh failed"
 
-# start_tls_upstream CERT KEY: the fixture over HTTPS; prints its port.
+# start_tls_upstream CERT KEY: the fixture over HTTPS; sets TLS_PORT. Not in a command substitution: that subshell
+# would record the fixture's pid where the EXIT trap never sees it, and leave the fixture running.
 start_tls_upstream() {
   local out="$TMP/tls-upstream-$RANDOM.out" port="" i pid
   : >"$out"
@@ -22,10 +23,12 @@ start_tls_upstream() {
     sleep 0.1
   done
   [ -n "$port" ] || fail "the TLS fixture did not start"
-  echo "$port"
+  TLS_PORT="$port"
 }
-tls_port="$(start_tls_upstream "$TLS/server.pem" "$TLS/server.key")"
-wrong_port="$(start_tls_upstream "$TLS/wrong.pem" "$TLS/wrong.key")"
+start_tls_upstream "$TLS/server.pem" "$TLS/server.key"
+tls_port="$TLS_PORT"
+start_tls_upstream "$TLS/wrong.pem" "$TLS/wrong.key"
+wrong_port="$TLS_PORT"
 
 # metric NAME: a sample's value from /metrics (0 when absent).
 metric() {
