@@ -41,6 +41,11 @@ final class RemoteStreams: @unchecked Sendable {
     let queue = DispatchQueue(label: "jobserver.remote-events")
     var streams: [String: [Stream]] = [:]
 
+    /// Follows `job` for `subscriber` from its state in `job` and `nodes`; on `queue`.
+    func follow(_ subscriber: JobEventSubscriber, job: JobRecord, nodes: [NodeRecord]) {
+        streams[job.id, default: []].append(Stream(subscriber: subscriber, job: job, nodes: nodes))
+    }
+
     final class Stream {
         let subscriber: JobEventSubscriber
         var job: JobRecord
@@ -79,7 +84,7 @@ extension Engine: SharedStoreDelegate {
         endRemoteStreams()
         let all = remoteWaits.removeAll()
         guard !all.isEmpty else { return }
-        onReadQueueShared {
+        onReadQueue {
             for (id, list) in all {
                 let job = (try? self.storedJob(id: id)) ?? nil
                 for waiter in list { waiter.fire(job) }
@@ -91,7 +96,7 @@ extension Engine: SharedStoreDelegate {
     func checkRemoteWaiters(_ ids: [String]?) {
         let pending = remoteWaits.pending(ids)
         guard !pending.isEmpty else { return }
-        onReadQueueShared {
+        onReadQueue {
             for (id, list) in pending {
                 let job: JobRecord?
                 do {
@@ -103,8 +108,6 @@ extension Engine: SharedStoreDelegate {
             }
         }
     }
-
-    private func onReadQueueShared(_ work: @escaping @Sendable () -> Void) { reads.async(work) }
 
     /// Waits for a job another server runs: registered for its notifications and the poll; `waiter` already
     /// carries its timeout.
@@ -141,8 +144,7 @@ extension Engine: SharedStoreDelegate {
         let fanOut = eventHub.fanOut
         remoteStreams.queue.async {
             fanOut.async { subscriber.deliver(first) }
-            let stream = RemoteStreams.Stream(subscriber: subscriber, job: first.job, nodes: nodes)
-            self.remoteStreams.streams[subscriber.jobID, default: []].append(stream)
+            self.remoteStreams.follow(subscriber, job: first.job, nodes: nodes)
         }
     }
 
@@ -253,10 +255,7 @@ extension Engine: SharedStoreDelegate {
         for waiter in waiting { waitRemotely(waiter, id: id) }
         if !streams.isEmpty {
             remoteStreams.queue.async {
-                for subscriber in streams {
-                    self.remoteStreams.streams[id, default: []].append(
-                        RemoteStreams.Stream(subscriber: subscriber, job: record, nodes: nodes))
-                }
+                for subscriber in streams { self.remoteStreams.follow(subscriber, job: record, nodes: nodes) }
             }
         }
         checkRemoteWaiters([id])

@@ -374,7 +374,7 @@ public final class Engine: @unchecked Sendable {
     // on a read queue (or, for a cache hit, on the caller's thread), so they may build large answers there.
 
     /// Runs `work` on the read queue with the least work waiting.
-    private func onReadQueue(_ work: @escaping @Sendable () -> Void) {
+    func onReadQueue(_ work: @escaping @Sendable () -> Void) {
         reads.async(work)
     }
 

@@ -117,13 +117,20 @@ final class PostgresLeases: Sendable {
 
     /// Ends these leases now (a clean shutdown): other servers claim the jobs at their next heartbeat.
     func release(_ ids: [String], _ db: PostgresConnection) throws {
+        try Self.inChunks(ids) { chunk in
+            try db.query(
+                "UPDATE jobs SET lease_expires_at = 0 WHERE lease_owner = $1 AND id = ANY($2::text[])",
+                [.text(owner), PostgresLeases.array(chunk)])
+        }
+    }
+
+    /// Runs `body` on `ids` in slices small enough for one statement's array parameter.
+    static func inChunks(_ ids: [String], _ body: (ArraySlice<String>) throws -> Void) rethrows {
         var start = 0
         while start < ids.count {
             let chunk = ids[start..<min(ids.count, start + 5000)]
             start += chunk.count
-            try db.query(
-                "UPDATE jobs SET lease_expires_at = 0 WHERE lease_owner = $1 AND id = ANY($2::text[])",
-                [.text(owner), PostgresLeases.array(chunk)])
+            try body(chunk)
         }
     }
 
@@ -237,11 +244,7 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
         let began = Timestamp.monotonicMs()
         let owned = leases.ownedSnapshot
         var seen: [String: (generation: Int64, cancel: Bool)] = [:]
-        let ids = Array(owned.keys)
-        var start = 0
-        while start < ids.count {
-            let chunk = ids[start..<min(ids.count, start + 5000)]
-            start += chunk.count
+        try PostgresLeases.inChunks(Array(owned.keys)) { chunk in
             let rows = try db.run(
                 prepared: "lease_renew",
                 "UPDATE jobs SET lease_expires_at = \(PostgresLeases.nowMs) + $2 WHERE lease_owner = $1 "
