@@ -315,3 +315,18 @@ extension PostgresRows {
         }
     }
 }
+
+extension PostgresConnection {
+    /// Runs `body` in a `REPEATABLE READ READ ONLY` transaction: every read in it sees one snapshot.
+    func inReadSnapshot<T>(_ body: () throws -> T) throws -> T {
+        try execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        do {
+            let value = try body()
+            try execute("COMMIT")
+            return value
+        } catch {
+            _ = try? execute("ROLLBACK")
+            throw error
+        }
+    }
+}

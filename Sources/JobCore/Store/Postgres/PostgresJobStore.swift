@@ -110,7 +110,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
             let rows = try db.run(
                 prepared: "request_cancel",
                 "WITH asked AS (UPDATE jobs SET cancel_requested_at = \(PostgresLeases.nowMs) WHERE id = $1 "
-                    + "AND state IN \(PostgresLeases.unfinished) RETURNING id) "
+                    + "AND state IN \(Self.unfinished) RETURNING id) "
                     + "SELECT pg_notify('\(PostgresLeases.cancelChannel)', id) FROM asked", [.text(id)])
             return !rows.rows.isEmpty
         }
@@ -295,7 +295,8 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         }
     }
 
-    private static let unfinished = "('\(NodeState.pending.rawValue)', '\(NodeState.running.rawValue)')"
+    /// The states of a job still to run, as an SQL list.
+    static let unfinished = "('\(NodeState.pending.rawValue)', '\(NodeState.running.rawValue)')"
 
     /// The unfinished jobs this server may run: those no live server holds (their lease expired, or was given up)
     /// are claimed first, all at once; jobs other servers hold are not returned.
@@ -323,15 +324,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         var skipped: [UnreadableJob] = []
         defer { unreadable.append(contentsOf: skipped) }
         let idList = PostgresLeases.array(ids)
-        try db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        do {
-            let value = try loadJobsInSnapshot(idList, db, skipped: &skipped)
-            try db.execute("COMMIT")
-            return value
-        } catch {
-            _ = try? db.execute("ROLLBACK")
-            throw error
-        }
+        return try db.inReadSnapshot { try loadJobsInSnapshot(idList, db, skipped: &skipped) }
     }
 
     private static func loadJobsInSnapshot(
@@ -522,17 +515,7 @@ final class PostgresReaderPool: @unchecked Sendable {
 
     /// `body` in one read-only snapshot.
     func snapshot<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
-        try with { db in
-            try db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            do {
-                let value = try body(db)
-                try db.execute("COMMIT")
-                return value
-            } catch {
-                _ = try? db.execute("ROLLBACK")
-                throw error
-            }
-        }
+        try with { db in try db.inReadSnapshot { try body(db) } }
     }
 
     func close() {

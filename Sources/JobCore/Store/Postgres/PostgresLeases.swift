@@ -136,11 +136,10 @@ final class PostgresLeases: Sendable {
 
     /// PostgreSQL's clock in milliseconds, the only clock leases are compared with.
     static let nowMs = "jobserver_now_ms()"
-    static let unfinished = "('\(NodeState.pending.rawValue)', '\(NodeState.running.rawValue)')"
     /// A cancel asked for this attempt of the job (one asked before a retry is not).
     static func cancelAsked(_ table: String = "") -> String {
         "(\(table)cancel_requested_at IS NOT NULL AND \(table)cancel_requested_at >= coalesce(\(table)retried_at, 0) "
-            + "AND \(table)state IN \(unfinished))"
+            + "AND \(table)state IN \(PostgresJobStore.unfinished))"
     }
     /// Channels: a job changed (payload: ids, comma-separated), a cancel was asked for (payload: one id).
     static let changedChannel = "jobserver_jobs"
@@ -271,7 +270,7 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
     private func claim(_ db: PostgresConnection) throws -> Int {
         let rows = try db.run(
             prepared: "lease_claim",
-            "WITH c AS (SELECT id FROM jobs WHERE state IN \(PostgresLeases.unfinished) AND due_at IS NULL "
+            "WITH c AS (SELECT id FROM jobs WHERE state IN \(PostgresJobStore.unfinished) AND due_at IS NULL "
                 + "AND (lease_expires_at IS NULL OR lease_expires_at < \(PostgresLeases.nowMs)) "
                 + "AND lease_owner IS DISTINCT FROM $1 ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) "
                 + "UPDATE jobs j SET lease_owner = $1, lease_generation = j.lease_generation + 1, "

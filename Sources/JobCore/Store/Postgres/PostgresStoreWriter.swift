@@ -328,7 +328,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
         let rows = try db.run(
             prepared: "lease_check",
             "SELECT id, lease_owner, lease_generation, "
-                + "(lease_expires_at IS NULL OR lease_expires_at < \(PostgresLeases.nowMs)), state IN \(PostgresLeases.unfinished) "
+                + "(lease_expires_at IS NULL OR lease_expires_at < \(PostgresLeases.nowMs)), state IN \(PostgresJobStore.unfinished) "
                 + "FROM jobs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE",
             [PostgresLeases.array(ids)])
         var blocked: Set<String> = []
