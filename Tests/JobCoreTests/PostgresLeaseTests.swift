@@ -57,17 +57,6 @@ final class PostgresLeaseTests: XCTestCase {
         return try db.execute(sql).rows
     }
 
-    /// Polls `condition` every 20 ms for at most `seconds`.
-    private func eventually(_ seconds: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        for _ in 0..<10_000 {
-            if try condition() { return true }
-            if Date() > deadline { return false }
-            usleep(20_000)
-        }
-        return false
-    }
-
     func testTheAcceptingStoreOwnsTheJobAndOthersDoNotResumeIt() throws {
         let first = try PostgresJobStore(url: databaseURL, leaseTtlMs: 60_000)
         defer { first.close() }
@@ -92,7 +81,7 @@ final class PostgresLeaseTests: XCTestCase {
         let second = try PostgresJobStore(url: databaseURL, leaseTtlMs: 60_000)
         defer { second.close() }
         var claimed: [String] = []
-        XCTAssertTrue(try eventually { claimed = try second.unfinishedJobs().map(\.job.id); return !claimed.isEmpty })
+        XCTAssertTrue(try TestSupport.eventually { claimed = try second.unfinishedJobs().map(\.job.id); return !claimed.isEmpty })
         XCTAssertEqual(claimed, ["J1"])
         XCTAssertEqual(try raw("SELECT lease_generation FROM jobs WHERE id = 'J1'").first?[0], "2")
 
@@ -135,7 +124,7 @@ final class PostgresLeaseTests: XCTestCase {
         XCTAssertTrue(first.leasesHold)
 
         XCTAssertTrue(try second.requestCancel(id: "J1"))
-        XCTAssertTrue(eventually { firstEvents.cancels.withLock { $0.contains("J1") } }, "the owner hears the cancel")
+        XCTAssertTrue(TestSupport.eventually { firstEvents.cancels.withLock { $0.contains("J1") } }, "the owner hears the cancel")
         XCTAssertEqual(try raw("SELECT cancel_requested_at IS NOT NULL FROM jobs WHERE id = 'J1'").first?[0], "t")
 
         var running = record
@@ -143,11 +132,11 @@ final class PostgresLeaseTests: XCTestCase {
         running.version = 2
         first.enqueue(jobs: [running], nodes: [], bodies: [])
         try first.flush()
-        XCTAssertTrue(eventually { secondEvents.changed.withLock { $0.contains("J1") } }, "other servers hear the change")
+        XCTAssertTrue(TestSupport.eventually { secondEvents.changed.withLock { $0.contains("J1") } }, "other servers hear the change")
 
         // A clean close gives the lease up: the other store claims the job at its next heartbeat.
         first.close()
-        XCTAssertTrue(eventually { secondEvents.claimed.withLock { $0 } == ["J1"] })
+        XCTAssertTrue(TestSupport.eventually { secondEvents.claimed.withLock { $0 } == ["J1"] })
         XCTAssertFalse(try second.requestCancel(id: "J404"))
     }
 
@@ -176,14 +165,14 @@ final class PostgresLeaseTests: XCTestCase {
         let taken = Locked<[String]>([])
         first.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("first 1") } } }
         first.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("first 2") } } }
-        XCTAssertTrue(eventually { taken.withLock { $0.count } == 2 })
+        XCTAssertTrue(TestSupport.eventually { taken.withLock { $0.count } == 2 })
         second.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("second") } } }
         second.acquireHostSlot("http://other", limit: 2) { if $0 { taken.withLock { $0.append("other host") } } }
-        XCTAssertTrue(eventually { taken.withLock { $0.contains("other host") } })
+        XCTAssertTrue(TestSupport.eventually { taken.withLock { $0.contains("other host") } })
         usleep(300_000)
         XCTAssertFalse(taken.withLock { $0.contains("second") }, "both slots of the host are held by the other store")
         first.releaseHostSlot("http://h")
-        XCTAssertTrue(eventually { taken.withLock { $0.contains("second") } }, "a slot given back is taken by the waiting store")
+        XCTAssertTrue(TestSupport.eventually { taken.withLock { $0.contains("second") } }, "a slot given back is taken by the waiting store")
     }
 
     func testIdempotencyKeysAreUniqueOverStores() throws {

@@ -32,12 +32,9 @@ final class TransferEngineTests: EngineTestCase {
 
     /// Polls (at most `seconds`) until `condition` holds.
     func eventually(_ what: String, seconds: Double = 10, _ condition: () throws -> Bool) throws {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if try condition() { return }
-            usleep(20_000)
+        guard try TestSupport.eventually(seconds, condition) else {
+            throw UpstreamError("\(what) did not happen within \(seconds) s")
         }
-        throw UpstreamError("\(what) did not happen within \(seconds) s")
     }
 
     // MARK: - --host-rate
