@@ -310,9 +310,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def client_pid(self, name):
         """The pid of the local process named name… whose socket is this connection's other end (Linux /proc), or
-        None; looked up once per connection, among the processes of that name only (scanning every process's
+        None; looked up once per connection (again while it is not found), among the processes of that name only (scanning every process's
         descriptors takes seconds on a busy machine)."""
-        if hasattr(self, "_client_pid"):
+        if getattr(self, "_client_pid", None) is not None:
             return self._client_pid
         self._client_pid = None
         try:
@@ -426,6 +426,9 @@ class Handler(BaseHTTPRequestHandler):
             with STATS.lock:
                 STATS.spans.setdefault(arg, []).append(span)
             if self.wait(int(query.get("delay_ms", "0")) / 1000.0, path):
+                if query.get("pid") and span["pid"] is None:
+                    # The client is still there to be answered: look again, should the first look have missed it.
+                    span["pid"] = self.client_pid(query["pid"])
                 with STATS.lock:
                     span["end"] = time.time()
                 self.send_json(200, {"key": arg, "tag": span["tag"]})
