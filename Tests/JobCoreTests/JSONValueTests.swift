@@ -12,6 +12,21 @@ final class JSONValueTests: XCTestCase {
         XCTAssertEqual(value.text, #"{"b":1,"a":[true,false,null,1.50,-0,2e10],"s":"x\"y\\z\n\#u{e9}😀"}"#)
     }
 
+    func testWritesEveryByteThatNeedsAnEscapeWhereverItStands() throws {
+        let controls = (0..<0x20).map { String(UnicodeScalar(UInt8($0))) }
+        for special in controls + ["\"", "\\"] {
+            for text in [special, "ab" + special, special + "cd", "ab" + special + special + "cd", "é" + special + "😀"] {
+                let written = JSONValue.string(text).text
+                XCTAssertFalse(written.dropFirst().dropLast().unicodeScalars.contains { $0.value < 0x20 }, written)
+                XCTAssertEqual(try JSONValue.parse(written), .string(text), written)
+            }
+        }
+        XCTAssertEqual(JSONValue.string("a\u{01}\u{1f}\t\"b").text, #""a\u0001\u001f\t\"b""#)
+        XCTAssertEqual(JSONValue.string("").text, #""""#)
+        let long = String(repeating: "x", count: 100_000)
+        XCTAssertEqual(JSONValue.string(long).text, "\"" + long + "\"")
+    }
+
     func testRefusesMalformedInput() {
         let bad = ["", "{", "[1,]", "{\"a\" 1}", "01", "1.", "-", "tru", "\"\u{01}\"", "[1] x", "{\"a\":1,}",
                    "\"\\ud800\"", "\"\\x\"", "nul", "[", "{\"a\":}", "1e", "+1"]

@@ -40,24 +40,44 @@ extension JSONValue {
     }
 
     /// Appends `s` as a quoted, escaped JSON string.
+    ///
+    /// Runs of bytes that need no escape are copied whole: results hold long strings (bodies of kilobytes or
+    /// megabytes), and a byte-at-a-time append spent most of a large write checking the array's capacity.
     public static func writeString(_ s: String, to out: inout [UInt8]) {
         out.append(UInt8(ascii: "\""))
-        for c in s.utf8 {
-            switch c {
-            case UInt8(ascii: "\""): out.append(contentsOf: [0x5C, 0x22])
-            case UInt8(ascii: "\\"): out.append(contentsOf: [0x5C, 0x5C])
-            case 0x0A: out.append(contentsOf: [0x5C, UInt8(ascii: "n")])
-            case 0x0D: out.append(contentsOf: [0x5C, UInt8(ascii: "r")])
-            case 0x09: out.append(contentsOf: [0x5C, UInt8(ascii: "t")])
-            case 0..<0x20:
-                let hex = Array("0123456789abcdef".utf8)
-                out.append(contentsOf: [0x5C, UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0")])
-                out.append(hex[Int(c >> 4)])
-                out.append(hex[Int(c & 0xF)])
-            default: out.append(c)
+        var text = s
+        text.withUTF8 { bytes in
+            var runStart = 0
+            for i in bytes.indices {
+                let c = bytes[i]
+                guard c < 0x20 || c == UInt8(ascii: "\"") || c == UInt8(ascii: "\\") else { continue }
+                if runStart < i { out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[runStart..<i])) }
+                appendEscaped(c, to: &out)
+                runStart = i + 1
+            }
+            if runStart < bytes.count {
+                out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[runStart..<bytes.count]))
             }
         }
         out.append(UInt8(ascii: "\""))
+    }
+
+    /// Appends the escape of a quote, a backslash or a control byte.
+    private static func appendEscaped(_ c: UInt8, to out: inout [UInt8]) {
+        switch c {
+        case UInt8(ascii: "\""): out.append(contentsOf: [0x5C, 0x22])
+        case UInt8(ascii: "\\"): out.append(contentsOf: [0x5C, 0x5C])
+        case 0x0A: out.append(contentsOf: [0x5C, UInt8(ascii: "n")])
+        case 0x0D: out.append(contentsOf: [0x5C, UInt8(ascii: "r")])
+        case 0x09: out.append(contentsOf: [0x5C, UInt8(ascii: "t")])
+        default:
+            let hex: StaticString = "0123456789abcdef"
+            out.append(contentsOf: [0x5C, UInt8(ascii: "u"), UInt8(ascii: "0"), UInt8(ascii: "0")])
+            hex.withUTF8Buffer { digits in
+                out.append(digits[Int(c >> 4)])
+                out.append(digits[Int(c & 0xF)])
+            }
+        }
     }
 }
 
