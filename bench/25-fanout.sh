@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# One job of N fetches against `curl --parallel --parallel-max 64` over the same N URLs, at N = 1,000, 10,000 and
+# 100,000: a 1 KiB JSON file from nginx on loopback. The job is a `list` of the N fetches, timed from sending the
+# POST to its settled answer, so its durable submission and every state change are in it; the server runs with
+# default flags but as many transfers at once as curl (`--max-per-host 64 --max-concurrent-fetches 64`) and the
+# limits the size needs (`--max-nodes`, `--max-request-bytes`). Each size runs RUNS times (default 5), curl then the
+# job, on one server with a fresh SQLite file per size: median and min–max. Target: job <= 1.1x curl.
+# SIZES (default "1000 10000 100000"), RUNS and CONFIG (release, or debug for a quick check) may be set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+SIZES=${SIZES:-1000 10000 100000}
+RUNS=${RUNS:-5}
+CONFIG=${CONFIG:-release}
+CONCURRENCY=64
+
+for tool in curl jq python3 nginx; do
+  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
+done
+bench_setup
+
+echo "building jobserver ($CONFIG)" >&2
+swift build -c "$CONFIG" --product jobserver >&2
+bin=$(swift build -c "$CONFIG" --show-bin-path)
+
+mkdir -p "$tmp/www"
+python3 -c 'import sys; open(sys.argv[1], "w").write("{\"data\":\"" + "x" * 1013 + "\"}")' "$tmp/www/data.json"
+chmod 644 "$tmp/www/data.json"
+start_nginx "$tmp/www"
+wait_for "http://127.0.0.1:$nginx_port/data.json" || { tail -5 "$tmp/logs/error.log" >&2; exit 1; }
+
+median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.1f", m}'; }
+range() { sort -n | awk 'NR==1{lo=$1} {hi=$1} END {printf "%s–%s", lo, hi}'; }
+ms_since() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e6}'; }
+
+rows=()
+for n in $SIZES; do
+  python3 - "$n" "$nginx_port" "$tmp" <<'PY'
+import json, sys
+n, port, tmp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+urls = [f"http://127.0.0.1:{port}/data.json?i={i}" for i in range(1, n + 1)]
+with open(f"{tmp}/curl.conf", "w") as f:
+    for u in urls:
+        f.write(f'url = "{u}"\noutput = "/dev/null"\n')
+with open(f"{tmp}/job.json", "w") as f:
+    json.dump({"graph": {"type": "list", "children": [{"type": "fetch", "url": u} for u in urls]}}, f)
+PY
+  port=$(free_port)
+  rm -rf "$tmp/db"
+  "$bin/jobserver" serve --host 127.0.0.1 --port "$port" --db "$tmp/db/jobs.sqlite" \
+    --max-per-host "$CONCURRENCY" --max-concurrent-fetches "$CONCURRENCY" \
+    --max-nodes $(( n + 10 )) --max-request-bytes 64MiB 2>"$tmp/server-$n.log" &
+  server=$!
+  pids+=("$server")
+  base="http://127.0.0.1:$port"
+  wait_for "$base/healthz"
+  curl_times=()
+  job_times=()
+  for run in $(seq 1 "$RUNS"); do
+    start=$(date +%s%N)
+    curl --parallel --parallel-max "$CONCURRENCY" -sS --no-progress-meter -K "$tmp/curl.conf"
+    curl_times+=("$(ms_since "$start")")
+    start=$(date +%s%N)
+    id=$(curl -sS -H 'Content-Type: application/json' --data-binary @"$tmp/job.json" "$base/v1/jobs" | tee "$tmp/answer.json" | jq -r .id)
+    state=running
+    # Bounded: each long-poll waits at most 60 s.
+    for _ in $(seq 1 10); do
+      state=$(curl -sS "$base/v1/jobs/$id?wait=60" | jq -r .state)
+      [ "$state" = pending ] || [ "$state" = running ] || break
+    done
+    [ "$state" = succeeded ] || { echo "the $n-fetch job ended $state: $(head -c 300 "$tmp/answer.json")" >&2; exit 1; }
+    job_times+=("$(ms_since "$start")")
+    echo "N=$n run $run: curl ${curl_times[-1]} ms, job ${job_times[-1]} ms" >&2
+  done
+  kill "$server"
+  wait "$server" 2>/dev/null || true
+  curl_ms=$(printf '%s\n' "${curl_times[@]}" | median)
+  job_ms=$(printf '%s\n' "${job_times[@]}" | median)
+  ratios=()
+  for i in "${!curl_times[@]}"; do
+    ratios+=("$(awk -v j="${job_times[$i]}" -v c="${curl_times[$i]}" 'BEGIN{printf "%.2f", j/c}')")
+  done
+  ratio=$(awk -v j="$job_ms" -v c="$curl_ms" 'BEGIN{printf "%.2f", j/c}')
+  verdict=$(awk -v r="$ratio" 'BEGIN{print (r <= 1.1) ? "met" : "missed"}')
+  rows+=("| $n | $curl_ms ($(printf '%s\n' "${curl_times[@]}" | range)) | $job_ms ($(printf '%s\n' "${job_times[@]}" | range)) | **$ratio** ($(printf '%s\n' "${ratios[@]}" | range)) | $verdict |")
+done
+
+cat <<MD
+## One job of N fetches against \`curl --parallel\`
+
+A 1 KiB JSON file from nginx $(nginx_version) on 127.0.0.1, fetched N times (\`/data.json?i=1…N\`):
+\`curl --parallel --parallel-max $CONCURRENCY\` over the N URLs, then one jobserver job ($CONFIG, a \`list\` of the N
+fetches, \`--max-per-host $CONCURRENCY --max-concurrent-fetches $CONCURRENCY\`, otherwise default flags and log level)
+from sending the \`POST\` to its settled answer (\`?wait=60\`): the durable submission and every state change are in
+it. $RUNS runs per size, each curl then the job; median (min–max) of wall ms, and of the per-run ratio.
+
+| N | curl ms | job ms | job / curl | target ≤ 1.1 |
+|---:|---|---|---|---|
+$(printf '%s\n' "${rows[@]}")
+MD
