@@ -105,21 +105,27 @@ final class PostgresLeaseTests: XCTestCase {
     }
 
     func testTheLeaseThreadRenewsClaimsAndHearsCancelsAndChanges() throws {
-        let first = try PostgresJobStore(url: databaseURL, leaseTtlMs: 600)
+        let ttlMs: Int64 = 1_500
+        let first = try PostgresJobStore(url: databaseURL, leaseTtlMs: ttlMs)
         defer { first.close() }
         let firstEvents = LeaseEvents()
         first.attach(firstEvents)
         first.beginLeasing()
         let (record, nodes) = job("J1")
         _ = try first.createJob(record, nodes: nodes, idempotencyKey: nil, requestHash: nil)
+        let expiry = { try self.raw("SELECT lease_expires_at FROM jobs WHERE id = 'J1'").first?.first.flatMap { $0.flatMap { Int64($0) } } }
+        let firstExpiry = try XCTUnwrap(expiry())
 
-        let second = try PostgresJobStore(url: databaseURL, leaseTtlMs: 600)
+        let second = try PostgresJobStore(url: databaseURL, leaseTtlMs: ttlMs)
         defer { second.close() }
         let secondEvents = LeaseEvents()
         second.attach(secondEvents)
         second.beginLeasing()
-        // Renewed every 200 ms: still the first store's two lease times later.
-        usleep(1_300_000)
+        // Renewed every ttl/3: once the lease has been pushed on by more than a whole ttl, the other store's
+        // heartbeat (also every ttl/3) has looked for expired leases at least twice, and it must not have taken this.
+        XCTAssertTrue(try TestSupport.eventually {
+            try (expiry() ?? 0) > firstExpiry + ttlMs
+        }, "the owner renews its lease")
         XCTAssertEqual(secondEvents.claimed.withLock { $0 }, [])
         XCTAssertTrue(first.leasesHold)
 
@@ -168,8 +174,9 @@ final class PostgresLeaseTests: XCTestCase {
         XCTAssertTrue(TestSupport.eventually { taken.withLock { $0.count } == 2 })
         second.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("second") } } }
         second.acquireHostSlot("http://other", limit: 2) { if $0 { taken.withLock { $0.append("other host") } } }
+        // The store serves its waiting fetches in arrival order: by the time the other host's slot is given,
+        // the first host has been tried and found full.
         XCTAssertTrue(TestSupport.eventually { taken.withLock { $0.contains("other host") } })
-        usleep(300_000)
         XCTAssertFalse(taken.withLock { $0.contains("second") }, "both slots of the host are held by the other store")
         first.releaseHostSlot("http://h")
         XCTAssertTrue(TestSupport.eventually { taken.withLock { $0.contains("second") } }, "a slot given back is taken by the waiting store")
