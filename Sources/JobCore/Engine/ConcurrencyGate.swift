@@ -95,4 +95,41 @@ struct ConcurrencyGate {
 
     /// How many jobs of `key` hold a slot.
     func running(key: String) -> Int { keys[key]?.running.count ?? 0 }
+
+    // MARK: Slots kept by a shared store (PostgreSQL, API.md §10)
+    //
+    // With servers sharing a database, the store decides which waiting job of a key starts (`SharedKeyAdmission`):
+    // the gate only remembers this server's jobs that wait for it, and their places as the last pass saw them.
+
+    /// This server's jobs waiting for the store to give them a slot: id → key.
+    private var inStore: [String: String] = [:]
+    private var storePlaces: [String: Int] = [:]
+
+    /// Jobs waiting for a slot, in memory or in the store.
+    var totalWaiting: Int { waitingCount + inStore.count }
+
+    /// The keys this server has jobs waiting on.
+    var storeWaitingKeys: Set<String> { Set(inStore.values) }
+
+    mutating func waitInStore(id: String, key: String) { inStore[id] = key }
+
+    /// The store gave the job a slot: true if it was waiting here (and now no longer is).
+    mutating func admittedByStore(id: String) -> Bool {
+        storePlaces[id] = nil
+        return inStore.removeValue(forKey: id) != nil
+    }
+
+    /// The job settled or stopped here while it waited.
+    mutating func leaveStore(id: String) {
+        inStore[id] = nil
+        storePlaces[id] = nil
+    }
+
+    /// The places of `key`'s first waiting jobs over all servers, from a pass: those of this server are kept.
+    mutating func storePlaces(key: String, waiting: [String]) {
+        for (id, waitsOn) in inStore where waitsOn == key { storePlaces[id] = nil }
+        for (index, id) in waiting.enumerated() where inStore[id] == key { storePlaces[id] = index + 1 }
+    }
+
+    func storePosition(id: String) -> Int? { inStore[id] == nil ? nil : storePlaces[id] }
 }

@@ -159,6 +159,8 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
     private let stopped = Locked(false)
     private var thread: StoreThread?
     private var nextBeatMs: Int64 = 0
+    /// Hears the ids of jobs a concurrency key admission let in (`PostgresKeyAdmission`); set before `start`.
+    var onAdmitted: (([String]) -> Void)?
     /// Jobs claimed per statement; a server with more to take claims again at once.
     static let claimBatch = 200
 
@@ -212,6 +214,7 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
         let db = try PostgresConnection(url: url)
         try db.listen(PostgresLeases.changedChannel)
         try db.listen(PostgresLeases.cancelChannel)
+        try db.listen(PostgresKeyAdmission.admittedChannel)
         connection = db
         // Changes made while nobody listened are seen by the waiters' own polls.
         return db
@@ -221,8 +224,11 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
         guard !notes.isEmpty, let delegate = leases.delegate else { return }
         var changed: [String] = []
         var cancels: [String] = []
+        var admitted: [String] = []
         for note in notes {
-            if note.channel == PostgresLeases.cancelChannel {
+            if note.channel == PostgresKeyAdmission.admittedChannel {
+                admitted.append(contentsOf: note.payload.split(separator: ",").map(String.init))
+            } else if note.channel == PostgresLeases.cancelChannel {
                 cancels.append(note.payload)
             } else {
                 changed.append(contentsOf: note.payload.split(separator: ",").map(String.init))
@@ -230,6 +236,7 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
         }
         if !cancels.isEmpty { delegate.cancelRequested(cancels) }
         if !changed.isEmpty { delegate.jobsChanged(changed) }
+        if !admitted.isEmpty { onAdmitted?(admitted) }
     }
 
     /// Renews, then claims.

@@ -16,6 +16,10 @@ final class PostgresStoreWriter: @unchecked Sendable {
     /// while no live server held them) and jobs whose changes it left out (another server holds them now).
     private var txAdopted: [String: Int64] = [:]
     private var txLost: [String: Int64?] = [:]
+    /// The concurrency keys of the keyed jobs the transaction in progress created, settled or reset: once it
+    /// commits, their waiting jobs may be let in (`keysWritten`, set before the writer thread starts).
+    private var txKeys: Set<String> = []
+    var keysWritten: ((Set<String>) -> Void)?
 
     init(connection: PostgresConnection, logger: Logger, leases: PostgresLeases) {
         self.db = connection
@@ -117,6 +121,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
     private func transaction(fullSync: Bool, includesPending: Bool, _ body: () throws -> Void) throws {
         txAdopted.removeAll()
         txLost.removeAll()
+        txKeys.removeAll()
         do {
             try db.execute(fullSync ? "BEGIN" : "BEGIN; SET LOCAL synchronous_commit = off")
             try body()
@@ -130,6 +135,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
         }
         leases.own(txAdopted)
         leases.lose(txLost)
+        if !txKeys.isEmpty { keysWritten?(txKeys) }
+        txKeys.removeAll()
         txAdopted.removeAll()
         txLost.removeAll()
         if includesPending { pending.removeAll() }
@@ -234,6 +241,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
         try insertNodes(request.nodes.map { (node: $0, jobID: job.id) })
         // A job that waits for its time is nobody's until it starts (its first write takes it).
         if job.dueAt == nil {
+            if let key = job.concurrencyKey { txKeys.insert(key) }
             try db.run(
                 prepared: "lease_create",
                 "UPDATE jobs SET lease_owner = $2, lease_generation = 1, lease_expires_at = \(PostgresLeases.nowMs) + $3 "
@@ -283,6 +291,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
         let fenced = try fence(touched)
         for job in pending.jobs.values where !fenced.contains(job.id) {
             try db.run(prepared: "update_job", PGRows.updateJob, PGRows.updateParameters(job))
+            // A slot given back (settled) or a job that may wait for one (reset by a retry, or due).
+            if let key = job.concurrencyKey, job.state != .running, job.dueAt == nil { txKeys.insert(key) }
         }
         for node in pending.nodes.values where !fenced.contains(node.jobID) {
             try db.run(prepared: "update_node", PGRows.updateNode, PGRows.parameters(node, jobID: node.jobID))

@@ -1,0 +1,121 @@
+import Foundation
+import Threads
+
+/// `concurrency_key` over all the servers of one database (API.md §8, §10; docs/store.md "Concurrency keys").
+///
+/// A job holds one of its key's slots from its admission until it settles: a row of `key_slots` for its current
+/// `attempt` (a retry makes a new attempt, which holds nothing), or its state `running`. A pass over a key is one
+/// statement, `jobserver_key_admit(key)` (migration 3): under a transaction advisory lock on the key, it drops the
+/// slots of settled, retried and deleted jobs, counts the slots held, gives the oldest waiting jobs (by id, that
+/// is by submission) a slot while the key has a free one, `NOTIFY`s their ids on `jobserver_admitted`, and returns
+/// the jobs holding a slot that have not started and the first waiting ones in order.
+///
+/// Passes run on one serial queue, on a reader connection, after the commit of each batch that created, settled
+/// or reset a keyed job (the writer asks), when a job of this server starts waiting, and at each heartbeat for
+/// the keys this server has jobs waiting on (should a notification be lost). Requests merge while a pass runs.
+final class PostgresKeyAdmission: @unchecked Sendable {
+    // @unchecked: `requested`, `draining` and `closed` are touched only on `queue`; `readers` and `logger` are
+    // thread-safe or immutable; the delegate and the count are `Locked`.
+    private let readers: PostgresReaderPool
+    private let logger: Logger
+    private let queue = DispatchQueue(label: "jobserver.key-admission")
+    private var requested: Set<String> = []
+    private var draining = false
+    private var closed = false
+    private let delegateBox = Locked<WeakDelegate>(WeakDelegate())
+    private let passCount = Locked(0)
+
+    /// The channel of the ids let in (comma-separated).
+    static let admittedChannel = "jobserver_admitted"
+
+    private struct WeakDelegate {
+        weak var value: KeyAdmissionDelegate?
+    }
+
+    init(readers: PostgresReaderPool, logger: Logger) {
+        self.readers = readers
+        self.logger = logger
+    }
+
+    var delegate: KeyAdmissionDelegate? {
+        get { delegateBox.withLock { $0.value } }
+        set { delegateBox.withLock { $0.value = newValue } }
+    }
+
+    var passes: Int { passCount.withLock { $0 } }
+
+    func request(_ keys: Set<String>) {
+        guard !keys.isEmpty else { return }
+        queue.async {
+            guard !self.closed else { return }
+            self.requested.formUnion(keys)
+            guard !self.draining else { return }
+            self.draining = true
+            self.queue.async { self.drain() }
+        }
+    }
+
+    func close() {
+        queue.sync {
+            closed = true
+            requested.removeAll()
+        }
+    }
+
+    /// Runs a pass over every key asked for, those asked for meanwhile included; on `queue`.
+    private func drain() {
+        // Bounded: each round takes every key asked for so far; requests come from finite work.
+        for _ in 0..<10_000 {
+            guard !closed, !requested.isEmpty else { break }
+            let keys = requested
+            requested.removeAll()
+            for key in keys {
+                do {
+                    let (holders, waiting) = try pass(key)
+                    delegate?.keyAdmission(key, holders: holders, waiting: waiting)
+                } catch {
+                    // The next request or heartbeat for the key runs it again.
+                    logger.warning("concurrency key admission failed", ["error": .string("\(error)")])
+                }
+            }
+        }
+        draining = false
+        if !requested.isEmpty, !closed {
+            draining = true
+            queue.async { self.drain() }
+        }
+    }
+
+    /// One admission pass over `key` (its Swift value; the column holds its JSON text).
+    func pass(_ key: String) throws -> (holders: [String], waiting: [String]) {
+        let rows = try readers.with { db in
+            try db.run(
+                prepared: "key_admit", "SELECT slot_job, slot_place FROM jobserver_key_admit($1)",
+                [PGRows.jsonString(key)])
+        }
+        passCount.withLock { $0 += 1 }
+        var holders: [String] = []
+        var waiting: [(place: Int64, id: String)] = []
+        for row in PGRows.rows(rows) {
+            guard let id = row.string(0) else { continue }
+            let place = row.int64(1)
+            if place == 0 { holders.append(id) } else { waiting.append((place, id)) }
+        }
+        waiting.sort { $0.place < $1.place }
+        return (holders, waiting.map(\.id))
+    }
+
+    func queuePosition(jobID: String) throws -> Int? {
+        try readers.with { db in
+            let rows = try db.run(
+                prepared: "key_position",
+                "SELECT CASE WHEN j.state <> 'pending' OR j.due_at IS NOT NULL OR j.concurrency_key IS NULL "
+                    + "OR EXISTS (SELECT 1 FROM key_slots s WHERE s.job_id = j.id AND s.attempt = j.attempt) THEN NULL "
+                    + "ELSE 1 + (SELECT count(*) FROM jobs w WHERE w.concurrency_key = j.concurrency_key "
+                    + "AND w.state = 'pending' AND w.due_at IS NULL AND w.id < j.id AND NOT EXISTS ("
+                    + "SELECT 1 FROM key_slots s WHERE s.job_id = w.id AND s.attempt = w.attempt)) END "
+                    + "FROM jobs j WHERE j.id = $1", [.text(jobID)])
+            return PGRows.rows(rows).first?.optionalInt64(0).map { Int($0) }
+        }
+    }
+}
