@@ -121,8 +121,13 @@ struct ConcurrencyGate {
 
     /// The job settled or stopped here while it waited.
     mutating func leaveStore(id: String) {
-        inStore[id] = nil
-        storePlaces[id] = nil
+        guard let key = inStore.removeValue(forKey: id) else { return }
+        // The jobs of this server behind it move up.
+        if let place = storePlaces.removeValue(forKey: id) {
+            for (other, waitsOn) in inStore where waitsOn == key {
+                if let theirs = storePlaces[other], theirs > place { storePlaces[other] = theirs - 1 }
+            }
+        }
     }
 
     /// The places of `key`'s first waiting jobs over all servers, from a pass: those of this server are kept.

@@ -16,6 +16,27 @@ extension Engine: KeyAdmissionDelegate {
         if !keys.isEmpty { admission.requestKeyAdmission(keys) }
     }
 
+    /// For a keyed job just created, on the submitting thread (which waited for the store already): one pass over
+    /// its key, so that its answer shows its place and it begins at once if it may. `nil` when the store keeps no
+    /// keys (SQLite), the job has none, or the pass failed (the job then waits for the next pass).
+    func admitSubmitted(_ job: JobRecord) -> (holders: [String], waiting: [String])? {
+        guard let admission = keyAdmission, let key = job.concurrencyKey, job.dueAt == nil else { return nil }
+        do {
+            return try admission.admitNow(key)
+        } catch {
+            logger.warning("concurrency key admission failed", ["job": .string(job.id), "error": .string("\(error)")])
+            return nil
+        }
+    }
+
+    /// Takes in a run created with `activate(_, hold: true)` after `admitSubmitted`'s pass. On the queue.
+    func waitAfterSubmission(_ run: JobRun, _ pass: (holders: [String], waiting: [String])) {
+        guard let key = run.record.concurrencyKey else { return run.begin() }
+        gate.waitInStore(id: run.id, key: key)
+        gate.storePlaces(key: key, waiting: pass.waiting)
+        beginStoreAdmitted(pass.holders)
+    }
+
     /// Begins the runs waiting here that the store gave a slot. On the queue.
     func beginStoreAdmitted(_ ids: [String]) {
         var began = false
@@ -58,7 +79,10 @@ extension Engine: KeyAdmissionDelegate {
         }
     }
 
-    func jobsAdmitted(_ ids: [String]) {
-        queue.async { self.beginStoreAdmitted(ids) }
+    func jobsAdmitted(_ ids: [String], key: String?) {
+        queue.async {
+            self.beginStoreAdmitted(ids)
+            if let key, self.gate.storeWaitingKeys.contains(key) { self.keyAdmission?.requestKeyAdmission([key]) }
+        }
     }
 }

@@ -335,9 +335,11 @@ public final class Engine: @unchecked Sendable {
                 timekeeper.scheduled(dueAt: dueAt)
                 return .created(job)
             }
+            let pass = admitSubmitted(job)
             let snapshot: JobRecord = queue.sync {
                 let run = JobRun(engine: self, graph: spec.graph, record: job, nodes: nodes)
-                activate(run)
+                activate(run, hold: pass != nil)
+                if let pass { waitAfterSubmission(run, pass) }
                 return shownRecord(run)
             }
             return .created(snapshot)

@@ -8,6 +8,10 @@ protocol SharedKeyAdmission: AnyObject, Sendable {
     /// are told too. Requests for a key already asked for are merged.
     func requestKeyAdmission(_ keys: Set<String>)
 
+    /// One pass over `key` on the caller's thread, which it holds for a round trip to the database: not for the
+    /// engine's queue nor an event loop.
+    func admitNow(_ key: String) throws -> (holders: [String], waiting: [String])
+
     /// Where the job waits among its key's waiting jobs over all servers (1: the next to start); `nil` when it
     /// waits for no slot. Reads the database: not for the engine's queue nor an event loop.
     func queuePosition(jobID: String) throws -> Int?
@@ -22,6 +26,7 @@ protocol KeyAdmissionDelegate: AnyObject, Sendable {
     /// A pass over `key`: `holders` hold a slot but had not started when it ran (this server begins those it
     /// keeps waiting), `waiting` are the first waiting jobs in their order.
     func keyAdmission(_ key: String, holders: [String], waiting: [String])
-    /// Another pass (on any server) gave these jobs a slot.
-    func jobsAdmitted(_ ids: [String])
+    /// A pass gave these jobs a slot; `key` is theirs when another server ran it (this server's jobs waiting on
+    /// it have moved up).
+    func jobsAdmitted(_ ids: [String], key: String?)
 }

@@ -70,7 +70,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         let readers = PostgresReaderPool(url: url)
         self.readers = readers
         self.hostSlots = PostgresHostSlots(url: url, logger: logger)
-        let keyAdmission = PostgresKeyAdmission(readers: readers, logger: logger)
+        let keyAdmission = PostgresKeyAdmission(readers: readers, owner: leases.owner, logger: logger)
         self.keyAdmission = keyAdmission
         writer.keysWritten = { keys in keyAdmission.request(keys) }
         self.writerThread = try StoreThread { writer.run(queue) }
@@ -94,7 +94,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
             return (jobs, unreadable)
         }
         let keyAdmission = self.keyAdmission
-        keeper.onAdmitted = { ids in keyAdmission.delegate?.jobsAdmitted(ids) }
+        keeper.onAdmitted = { payload in keyAdmission.heard(payload) }
         do {
             try keeper.start()
             self.keeper = keeper
@@ -571,6 +571,8 @@ final class PostgresReaderPool: @unchecked Sendable {
 
 extension PostgresJobStore: SharedKeyAdmission {
     func requestKeyAdmission(_ keys: Set<String>) { keyAdmission.request(keys) }
+
+    func admitNow(_ key: String) throws -> (holders: [String], waiting: [String]) { try keyAdmission.pass(key) }
 
     func queuePosition(jobID: String) throws -> Int? { try keyAdmission.queuePosition(jobID: jobID) }
 

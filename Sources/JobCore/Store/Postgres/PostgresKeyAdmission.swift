@@ -18,6 +18,8 @@ final class PostgresKeyAdmission: @unchecked Sendable {
     // thread-safe or immutable; the delegate and the count are `Locked`.
     private let readers: PostgresReaderPool
     private let logger: Logger
+    /// This server's lease owner id: a server does not look again at the passes it ran itself.
+    let owner: String
     private let queue = DispatchQueue(label: "jobserver.key-admission")
     private var requested: Set<String> = []
     private var draining = false
@@ -25,15 +27,17 @@ final class PostgresKeyAdmission: @unchecked Sendable {
     private let delegateBox = Locked<WeakDelegate>(WeakDelegate())
     private let passCount = Locked(0)
 
-    /// The channel of the ids let in (comma-separated).
+    /// The channel of the jobs let in: the id of the server whose pass let them in, the key (its JSON text) and
+    /// the ids (comma-separated), on three lines.
     static let admittedChannel = "jobserver_admitted"
 
     private struct WeakDelegate {
         weak var value: KeyAdmissionDelegate?
     }
 
-    init(readers: PostgresReaderPool, logger: Logger) {
+    init(readers: PostgresReaderPool, owner: String, logger: Logger) {
         self.readers = readers
+        self.owner = owner
         self.logger = logger
     }
 
@@ -90,8 +94,8 @@ final class PostgresKeyAdmission: @unchecked Sendable {
     func pass(_ key: String) throws -> (holders: [String], waiting: [String]) {
         let rows = try readers.with { db in
             try db.run(
-                prepared: "key_admit", "SELECT slot_job, slot_place FROM jobserver_key_admit($1)",
-                [PGRows.jsonString(key)])
+                prepared: "key_admit", "SELECT slot_job, slot_place FROM jobserver_key_admit($1, $2)",
+                [PGRows.jsonString(key), .text(owner)])
         }
         passCount.withLock { $0 += 1 }
         var holders: [String] = []
@@ -103,6 +107,21 @@ final class PostgresKeyAdmission: @unchecked Sendable {
         }
         waiting.sort { $0.place < $1.place }
         return (holders, waiting.map(\.id))
+    }
+
+    /// A notification on `admittedChannel`: the jobs let in are begun by their owner, and, when another server
+    /// let them in, this server looks again at the places of its jobs waiting on the key.
+    func heard(_ payload: String) {
+        let parts = payload.split(separator: "\n", maxSplits: 2, omittingEmptySubsequences: false)
+        guard parts.count == 3 else { return }
+        let ids = parts[2].split(separator: ",").map(String.init)
+        var key: String?
+        if parts[0] != owner[...],
+            let value = try? JSONValue.parse(Array(parts[1].utf8), maxDepth: 1), case .string(let decoded) = value
+        {
+            key = decoded
+        }
+        delegate?.jobsAdmitted(ids, key: key)
     }
 
     func queuePosition(jobID: String) throws -> Int? {

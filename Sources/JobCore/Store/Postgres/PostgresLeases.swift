@@ -159,8 +159,9 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
     private let stopped = Locked(false)
     private var thread: StoreThread?
     private var nextBeatMs: Int64 = 0
-    /// Hears the ids of jobs a concurrency key admission let in (`PostgresKeyAdmission`); set before `start`.
-    var onAdmitted: (([String]) -> Void)?
+    /// Hears the notifications of jobs a concurrency key admission let in (`PostgresKeyAdmission.heard`); set
+    /// before `start`.
+    var onAdmitted: ((String) -> Void)?
     /// Jobs claimed per statement; a server with more to take claims again at once.
     static let claimBatch = 200
 
@@ -224,10 +225,10 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
         guard !notes.isEmpty, let delegate = leases.delegate else { return }
         var changed: [String] = []
         var cancels: [String] = []
-        var admitted: [String] = []
+        var admitted: [String] = []  // payloads
         for note in notes {
             if note.channel == PostgresKeyAdmission.admittedChannel {
-                admitted.append(contentsOf: note.payload.split(separator: ",").map(String.init))
+                admitted.append(note.payload)
             } else if note.channel == PostgresLeases.cancelChannel {
                 cancels.append(note.payload)
             } else {
@@ -236,7 +237,7 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
         }
         if !cancels.isEmpty { delegate.cancelRequested(cancels) }
         if !changed.isEmpty { delegate.jobsChanged(changed) }
-        if !admitted.isEmpty { onAdmitted?(admitted) }
+        for payload in admitted { onAdmitted?(payload) }
     }
 
     /// Renews, then claims.

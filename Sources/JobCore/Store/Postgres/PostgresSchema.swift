@@ -153,11 +153,12 @@ enum PostgresSchema {
         CREATE INDEX key_slots_key ON key_slots (concurrency_key);
         CREATE INDEX jobs_key_unfinished ON jobs (concurrency_key, id)
             WHERE concurrency_key IS NOT NULL AND state IN ('pending', 'running');
-        CREATE FUNCTION jobserver_key_admit(k TEXT) RETURNS TABLE (slot_job TEXT, slot_place BIGINT)
+        CREATE FUNCTION jobserver_key_admit(k TEXT, caller TEXT) RETURNS TABLE (slot_job TEXT, slot_place BIGINT)
         LANGUAGE plpgsql AS $$
         DECLARE
             held BIGINT;
             r RECORD;
+            head TEXT := caller || E'\\n' || k || E'\\n';
             payload TEXT := '';
         BEGIN
             -- One admission of a key at a time over all servers; the statements after the lock see what the one
@@ -180,14 +181,16 @@ enum PostgresSchema {
                     ON CONFLICT ON CONSTRAINT key_slots_pkey DO UPDATE SET concurrency_key = EXCLUDED.concurrency_key,
                     attempt = EXCLUDED.attempt;
                 held := held + 1;
-                IF length(payload) > 7000 THEN
-                    PERFORM pg_notify('jobserver_admitted', payload);
+                IF length(payload) > 7000 - length(head) THEN
+                    PERFORM pg_notify('jobserver_admitted', head || payload);
                     payload := '';
                 END IF;
                 payload := payload || CASE WHEN payload = '' THEN '' ELSE ',' END || r.id;
             END LOOP;
+            -- The ids let in, after the server that let them in and the key: the other servers with jobs waiting
+            -- on the key look again, for their places.
             IF payload <> '' THEN
-                PERFORM pg_notify('jobserver_admitted', payload);
+                PERFORM pg_notify('jobserver_admitted', head || payload);
             END IF;
             -- The jobs holding a slot that have not started (place 0), then the first waiting ones in order.
             RETURN QUERY SELECT j.id::text, 0::bigint FROM jobs j JOIN key_slots s ON s.job_id = j.id

@@ -16,8 +16,9 @@ final class PostgresStoreWriter: @unchecked Sendable {
     /// while no live server held them) and jobs whose changes it left out (another server holds them now).
     private var txAdopted: [String: Int64] = [:]
     private var txLost: [String: Int64?] = [:]
-    /// The concurrency keys of the keyed jobs the transaction in progress created, settled or reset: once it
-    /// commits, their waiting jobs may be let in (`keysWritten`, set before the writer thread starts).
+    /// The concurrency keys of the keyed jobs the transaction in progress settled or made wait (a retry, a due
+    /// job taken in): once it commits, their waiting jobs may be let in (`keysWritten`, set before the writer
+    /// thread starts). A new job's key is admitted by its submission (`Engine.admitSubmitted`).
     private var txKeys: Set<String> = []
     var keysWritten: ((Set<String>) -> Void)?
 
@@ -241,7 +242,6 @@ final class PostgresStoreWriter: @unchecked Sendable {
         try insertNodes(request.nodes.map { (node: $0, jobID: job.id) })
         // A job that waits for its time is nobody's until it starts (its first write takes it).
         if job.dueAt == nil {
-            if let key = job.concurrencyKey { txKeys.insert(key) }
             try db.run(
                 prepared: "lease_create",
                 "UPDATE jobs SET lease_owner = $2, lease_generation = 1, lease_expires_at = \(PostgresLeases.nowMs) + $3 "
