@@ -31,6 +31,9 @@ url="$(PG_FSYNC=off bash scripts/pg-cluster.sh start "$PGDIR" 2>"$TMP/pg.err" | 
   || fail "PostgreSQL did not start: $(cat "$TMP/pg.err")"
 [[ "$url" == postgres://* ]] || fail "pg-cluster printed no URL: $url $(cat "$TMP/pg.err")"
 psql_() { psql "$url" -qAtX -v ON_ERROR_STOP=1 -c "$1"; }
+# Counts the admission passes (calls of jobserver_key_admit) and their time in PostgreSQL.
+psql_ "ALTER SYSTEM SET track_functions = 'pl'" && psql_ "SELECT pg_reload_conf()" >/dev/null \
+  || fail "could not turn on function statistics"
 start_upstream
 
 # start_node N PORT: server N (its pid in $TMP/node-N.pid) on PORT; waits for /healthz.
@@ -125,6 +128,12 @@ if late: fail("jobs started out of submission order: %s" % late[:5])
 order = [i for _, _, i in sorted(runs)]
 print("most at once over three servers: %d (limit 2); start order %s...; %.1f s" % (most, order[:12], time.time() - began))
 PY
+
+# Statistics reach pg_stat_user_functions within a second of a backend's last transaction.
+sleep 1.5
+IFS='|' read -r passes pass_ms <<<"$(psql_ "SELECT calls, round(total_time::numeric, 1) FROM pg_stat_user_functions WHERE funcname = 'jobserver_key_admit'")"
+[ -n "$passes" ] || fail "no admission pass was counted"
+log "cost: $passes admission passes (one statement each) for $((KEYS_JOBS + 2)) keyed jobs on three servers: $(python3 -c "print('%.1f per job, %.2f ms each in PostgreSQL' % ($passes / ($KEYS_JOBS + 2), $pass_ms / $passes))")"
 
 step "limit 1: kill -9 of the server running the holder; the queue keeps its order over the takeover"
 python3 - "$UPSTREAM" "${PORTS[@]}" "$(cat "$TMP/node-0.pid")" <<'PY' || fail "the takeover broke the key's queue (above)"

@@ -136,5 +136,12 @@ struct ConcurrencyGate {
         for (index, id) in waiting.enumerated() where inStore[id] == key { storePlaces[id] = index + 1 }
     }
 
+    /// Another server let in the first `count` waiting jobs of `key`.
+    mutating func storeMovedUp(key: String, by count: Int) {
+        for (id, waitsOn) in inStore where waitsOn == key {
+            if let place = storePlaces[id] { storePlaces[id] = max(1, place - count) }
+        }
+    }
+
     func storePosition(id: String) -> Int? { inStore[id] == nil ? nil : storePlaces[id] }
 }

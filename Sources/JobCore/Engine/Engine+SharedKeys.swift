@@ -82,7 +82,8 @@ extension Engine: KeyAdmissionDelegate {
     func jobsAdmitted(_ ids: [String], key: String?) {
         queue.async {
             self.beginStoreAdmitted(ids)
-            if let key, self.gate.storeWaitingKeys.contains(key) { self.keyAdmission?.requestKeyAdmission([key]) }
+            // A pass lets in the oldest waiting jobs: those of this server that still wait moved up by as many.
+            if let key { self.gate.storeMovedUp(key: key, by: ids.count) }
         }
     }
 }

@@ -27,6 +27,6 @@ protocol KeyAdmissionDelegate: AnyObject, Sendable {
     /// keeps waiting), `waiting` are the first waiting jobs in their order.
     func keyAdmission(_ key: String, holders: [String], waiting: [String])
     /// A pass gave these jobs a slot; `key` is theirs when another server ran it (this server's jobs waiting on
-    /// it have moved up).
+    /// it moved up by as many places).
     func jobsAdmitted(_ ids: [String], key: String?)
 }

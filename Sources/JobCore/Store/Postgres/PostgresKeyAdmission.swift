@@ -110,7 +110,7 @@ final class PostgresKeyAdmission: @unchecked Sendable {
     }
 
     /// A notification on `admittedChannel`: the jobs let in are begun by their owner, and, when another server
-    /// let them in, this server looks again at the places of its jobs waiting on the key.
+    /// let them in, this server's jobs waiting on the key move up.
     func heard(_ payload: String) {
         let parts = payload.split(separator: "\n", maxSplits: 2, omittingEmptySubsequences: false)
         guard parts.count == 3 else { return }

@@ -187,8 +187,8 @@ enum PostgresSchema {
                 END IF;
                 payload := payload || CASE WHEN payload = '' THEN '' ELSE ',' END || r.id;
             END LOOP;
-            -- The ids let in, after the server that let them in and the key: the other servers with jobs waiting
-            -- on the key look again, for their places.
+            -- The ids let in, after the server that let them in and the key: the other servers' jobs waiting on
+            -- the key move up.
             IF payload <> '' THEN
                 PERFORM pg_notify('jobserver_admitted', head || payload);
             END IF;
