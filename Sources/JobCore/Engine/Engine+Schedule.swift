@@ -166,7 +166,7 @@ extension Engine {
             // Servers share the database: a job that was running holds its slot there already; any other
             // waits for the store to give it one (API.md §10).
             if resumed { return run.begin() }
-            gate.waitInStore(id: run.id, key: key)
+            _ = gate.waitInStore(id: run.id, key: key)
             admission.requestKeyAdmission([key])
             return
         }

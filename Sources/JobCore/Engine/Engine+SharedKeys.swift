@@ -32,15 +32,20 @@ extension Engine: KeyAdmissionDelegate {
     /// Takes in a run created with `activate(_, hold: true)` after `admitSubmitted`'s pass. On the queue.
     func waitAfterSubmission(_ run: JobRun, _ pass: (holders: [String], waiting: [String])) {
         guard let key = run.record.concurrencyKey else { return run.begin() }
-        gate.waitInStore(id: run.id, key: key)
+        // Another server's pass may have let it in between its own pass and now.
+        if gate.waitInStore(id: run.id, key: key, submitted: true) { return run.begin() }
         gate.storePlaces(key: key, waiting: pass.waiting)
         beginStoreAdmitted(pass.holders)
     }
 
     /// Begins the runs waiting here that the store gave a slot. On the queue.
-    func beginStoreAdmitted(_ ids: [String]) {
+    func beginStoreAdmitted(_ ids: [String], heard: Bool = false) {
         var began = false
-        for id in ids where gate.admittedByStore(id: id) {
+        for id in ids {
+            guard gate.admittedByStore(id: id) else {
+                if heard { gate.heardAdmitted(id: id) }
+                continue
+            }
             guard let run = runs[id], !run.record.state.isSettled, !run.stopping, !shuttingDown else { continue }
             run.begin()
             if run.dirtyJob || !run.dirtyNodes.isEmpty { markDirty(run) }
@@ -81,7 +86,7 @@ extension Engine: KeyAdmissionDelegate {
 
     func jobsAdmitted(_ ids: [String], key: String?) {
         queue.async {
-            self.beginStoreAdmitted(ids)
+            self.beginStoreAdmitted(ids, heard: true)
             // A pass lets in the oldest waiting jobs: those of this server that still wait moved up by as many.
             if let key { self.gate.storeMovedUp(key: key, by: ids.count) }
         }
