@@ -73,7 +73,7 @@ final class PostgresKeyAdmissionTests: EngineTestCase {
         let a = try makeEngine(dbName: "shared")
         let b = try makeEngine(dbName: "shared")
         let counted = "key-cancel-\(UUID().uuidString)"
-        let holder = try submit(a, keyed("g", "/delay/800"))
+        let holder = try submit(a, keyed("g", "/delay/1500"))
         XCTAssertNil(holder.queuePosition)
         let first = try submit(b, keyed("g", "/count/\(counted)"))
         let second = try submit(a, keyed("g", "/json"))
@@ -82,6 +82,10 @@ final class PostgresKeyAdmissionTests: EngineTestCase {
         XCTAssertEqual(try read(a, second.id)?.queuePosition, 2, "on the server that runs it")
         XCTAssertEqual(try read(b, second.id)?.queuePosition, 2, "on the other")
         XCTAssertEqual(try b.job(id: second.id)?.queuePosition, 2, "a long-poll's answer on the other")
+        for engine in [a, b] {
+            let page = try engine.answer("list") { done in engine.list(state: .pending, limit: 10, cursor: nil) { done($0) } }.get()
+            XCTAssertEqual(page.jobs.map(\.queuePosition), [2, 1], "a listing of pending jobs, newest first, on either server")
+        }
 
         guard case .cancelling(let cancelled) = try cancel(a, first.id) else { return XCTFail("not cancelled") }
         XCTAssertEqual(cancelled.state, .cancelled)

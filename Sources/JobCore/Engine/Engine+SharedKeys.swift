@@ -69,6 +69,20 @@ extension Engine: KeyAdmissionDelegate {
         return shown
     }
 
+    /// A listing's waiting jobs with their places over all servers, read from the store in one statement (on a
+    /// read queue); unchanged if the read fails.
+    func withStorePositions(_ jobs: [JobRecord]) -> [JobRecord] {
+        guard let admission = keyAdmission else { return jobs }
+        let waiting = Set(jobs.filter { $0.state == .pending && $0.concurrencyKey != nil && $0.dueAt == nil }.map(\.id))
+        guard !waiting.isEmpty, let places = try? admission.queuePositions(jobIDs: Array(waiting)) else { return jobs }
+        return jobs.map { job in
+            guard waiting.contains(job.id) else { return job }
+            var shown = job
+            shown.queuePosition = places[job.id]
+            return shown
+        }
+    }
+
     /// `readJob`'s answer with `withStorePosition`. On a read queue.
     func withStorePosition(_ read: Result<JobRead, Error>) -> Result<JobRead, Error> {
         guard keyAdmission != nil, case .success(.record(let job)) = read else { return read }

@@ -16,6 +16,9 @@ protocol SharedKeyAdmission: AnyObject, Sendable {
     /// waits for no slot. Reads the database: not for the engine's queue nor an event loop.
     func queuePosition(jobID: String) throws -> Int?
 
+    /// `queuePosition` of each of `ids` that waits (the others are left out), in one read.
+    func queuePositions(jobIDs: [String]) throws -> [String: Int]
+
     /// Admission passes run so far on this server (for measuring their cost).
     var keyAdmissionPasses: Int { get }
 }

@@ -576,5 +576,7 @@ extension PostgresJobStore: SharedKeyAdmission {
 
     func queuePosition(jobID: String) throws -> Int? { try keyAdmission.queuePosition(jobID: jobID) }
 
+    func queuePositions(jobIDs: [String]) throws -> [String: Int] { try keyAdmission.queuePositions(jobIDs) }
+
     var keyAdmissionPasses: Int { keyAdmission.passes }
 }

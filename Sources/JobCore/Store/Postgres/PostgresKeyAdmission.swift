@@ -124,17 +124,24 @@ final class PostgresKeyAdmission: @unchecked Sendable {
         delegate?.jobsAdmitted(ids, key: key)
     }
 
-    func queuePosition(jobID: String) throws -> Int? {
-        try readers.with { db in
+    func queuePosition(jobID: String) throws -> Int? { try queuePositions([jobID])[jobID] }
+
+    /// The places of those of `ids` that wait for a slot of their key, over all servers, in one statement.
+    func queuePositions(_ ids: [String]) throws -> [String: Int] {
+        guard !ids.isEmpty else { return [:] }
+        return try readers.with { db in
             let rows = try db.run(
-                prepared: "key_position",
-                "SELECT CASE WHEN j.state <> 'pending' OR j.due_at IS NOT NULL OR j.concurrency_key IS NULL "
-                    + "OR EXISTS (SELECT 1 FROM key_slots s WHERE s.job_id = j.id AND s.attempt = j.attempt) THEN NULL "
-                    + "ELSE 1 + (SELECT count(*) FROM jobs w WHERE w.concurrency_key = j.concurrency_key "
+                prepared: "key_positions",
+                "SELECT j.id, 1 + (SELECT count(*) FROM jobs w WHERE w.concurrency_key = j.concurrency_key "
                     + "AND w.state = 'pending' AND w.due_at IS NULL AND w.id < j.id AND NOT EXISTS ("
-                    + "SELECT 1 FROM key_slots s WHERE s.job_id = w.id AND s.attempt = w.attempt)) END "
-                    + "FROM jobs j WHERE j.id = $1", [.text(jobID)])
-            return PGRows.rows(rows).first?.optionalInt64(0).map { Int($0) }
+                    + "SELECT 1 FROM key_slots s WHERE s.job_id = w.id AND s.attempt = w.attempt)) "
+                    + "FROM jobs j WHERE j.id = ANY($1::text[]) AND j.state = 'pending' AND j.due_at IS NULL "
+                    + "AND j.concurrency_key IS NOT NULL AND NOT EXISTS ("
+                    + "SELECT 1 FROM key_slots s WHERE s.job_id = j.id AND s.attempt = j.attempt)",
+                [PostgresLeases.array(ids)])
+            var places: [String: Int] = [:]
+            for row in PGRows.rows(rows) { if let id = row.string(0) { places[id] = row.int(1) } }
+            return places
         }
     }
 }
