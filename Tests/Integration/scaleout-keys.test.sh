@@ -127,6 +127,13 @@ late = [(i, j) for s_i, _, i in runs for s_j, _, j in runs if j >= i + 2 and s_j
 if late: fail("jobs started out of submission order: %s" % late[:5])
 order = [i for _, _, i in sorted(runs)]
 print("most at once over three servers: %d (limit 2); start order %s...; %.1f s" % (most, order[:12], time.time() - began))
+# How long a freed slot stayed empty: each start after the first two, from the last end before it (the job that
+# ended ran on another server than the one that starts the next but one in most cases).
+ends = sorted(e for _, e, _ in runs)
+gaps = sorted(s - max(e for e in ends if e <= s) for s, _, i in runs if i >= 2 and any(e <= s for e in ends))
+if gaps:
+    print("a freed slot taken again after: median %.0f ms, 90th percentile %.0f ms, most %.0f ms (heartbeat every %.0f ms)"
+          % (1000 * gaps[len(gaps) // 2], 1000 * gaps[int(len(gaps) * 0.9)], 1000 * gaps[-1], 2000 / 3))
 PY
 
 # Statistics reach pg_stat_user_functions within a second of a backend's last transaction.
