@@ -150,7 +150,9 @@ final class PostgresLeases: Sendable {
 /// server's leases every third of the lease time and then claims jobs whose lease expired.
 final class PostgresLeaseKeeper: @unchecked Sendable {
     // @unchecked: `connection` and `nextBeatMs` are touched only on the keeper's thread; `stopped` is `Locked`;
-    // `thread` is set in `start` and joined by `stop`, both called once by the store under its close monitor.
+    // `thread` is set in `start` and joined by `stop`, both called once by the store under its close monitor;
+    // `onAdmitted` is set before `start` (whose thread creation orders the write before every read) and then only
+    // read on the keeper's thread.
     private let url: String
     private let leases: PostgresLeases
     private let logger: Logger
