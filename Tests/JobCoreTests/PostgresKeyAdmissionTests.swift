@@ -91,7 +91,8 @@ final class PostgresKeyAdmissionTests: EngineTestCase {
         XCTAssertEqual(cancelled.state, .cancelled)
         XCTAssertEqual(try read(b, second.id)?.queuePosition, 1)
         XCTAssertEqual(try read(a, second.id)?.queuePosition, 1)
-        guard case .retrying = try retry(a, first.id) else { return XCTFail("not retried") }
+        guard case .retrying(let retried) = try retry(a, first.id) else { return XCTFail("not retried") }
+        XCTAssertEqual(retried.queuePosition, 1, "the retry's answer shows its place")
         XCTAssertEqual(try read(b, first.id)?.queuePosition, 1, "a retried job waits in its place by submission")
         XCTAssertEqual(try read(b, second.id)?.queuePosition, 2)
 

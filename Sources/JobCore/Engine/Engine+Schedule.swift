@@ -339,7 +339,12 @@ extension Engine {
                 DispatchQueue.global().async {
                     self.settledJobs.remove(id)
                     switch committed {
-                    case .success: completion(outcome)
+                    case .success:
+                        // Servers sharing a database: its place among its key's waiting jobs over all of them.
+                        if case .success(.retrying(let job)) = outcome {
+                            return completion(.success(.retrying(self.withStorePosition(job))))
+                        }
+                        completion(outcome)
                     case .failure(let error): completion(.failure(error))
                     }
                 }
