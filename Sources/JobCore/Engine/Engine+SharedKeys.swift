@@ -57,7 +57,7 @@ extension Engine: KeyAdmissionDelegate {
     /// The job with its place among its key's waiting jobs over all servers, read from the store (on a read
     /// queue): the place this server last saw may be older.
     func withStorePosition(_ job: JobRecord) -> JobRecord {
-        guard let admission = keyAdmission, job.state == .pending, job.concurrencyKey != nil, job.dueAt == nil else {
+        guard job.state == .pending, job.concurrencyKey != nil, job.dueAt == nil, let admission = keyAdmission else {
             return job
         }
         var shown = job
@@ -85,7 +85,7 @@ extension Engine: KeyAdmissionDelegate {
 
     /// `readJob`'s answer with `withStorePosition`. On a read queue.
     func withStorePosition(_ read: Result<JobRead, Error>) -> Result<JobRead, Error> {
-        guard keyAdmission != nil, case .success(.record(let job)) = read else { return read }
+        guard case .success(.record(let job)) = read, job.state == .pending, job.concurrencyKey != nil else { return read }
         return .success(.record(withStorePosition(job)))
     }
 
