@@ -3,10 +3,11 @@
 #  1. KEYS_JOBS (default 60) jobs of one key with concurrency_limit 2, submitted round-robin behind two jobs that
 #     hold the key's slots: each waiting job's queue_position, read through another server, is its place; then
 #     never more than 2 run at once over the three servers (the upstream records every fetch's span), and they
-#     start in submission order (no job starts after one submitted two places later);
+#     start in submission order (no job starts before one submitted two or more places before it);
 #  2. a key with limit 1: kill -9 of the server running its holder: the holder keeps its slot while it is taken
 #     over and continues, the waiting jobs (one of them the dead server's) keep their places and run one at a
-#     time after it; a waiting job cancelled through another server never runs, and retried, runs last.
+#     time after it; a waiting job cannot be deleted through another server, one cancelled there never runs,
+#     and retried there, runs last.
 # shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC2119
 source "$(dirname "$0")/lib.sh"
 
@@ -186,6 +187,8 @@ status, body = call("GET", nodes[2] + "/v1/jobs/" + d)
 if body.get("queue_position") != 3: fail("d of the dead server is not third: %s" % body)
 status, body = call("GET", nodes[1] + "/v1/jobs/" + b)
 if body.get("queue_position") != 1: fail("b is not first while a is taken over: %s" % body)
+status, body = call("DELETE", nodes[2] + "/v1/jobs/" + b)
+if status != 409: fail("delete of waiting b through server 2: %s %s" % (status, body))
 status, body = call("POST", nodes[2] + "/v1/jobs/" + e + "/retry")
 if status != 202: fail("retry of e through server 2: %s %s" % (status, body))
 deadline = time.time() + 40
