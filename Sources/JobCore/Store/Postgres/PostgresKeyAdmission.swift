@@ -69,7 +69,7 @@ final class PostgresKeyAdmission: @unchecked Sendable {
     /// Runs a pass over every key asked for, those asked for meanwhile included; on `queue`.
     private func drain() {
         // Bounded: each round takes every key asked for so far; requests come from finite work.
-        for _ in 0..<10_000 {
+        rounds: for _ in 0..<10_000 {
             guard !closed, !requested.isEmpty else { break }
             let keys = requested
             requested.removeAll()
@@ -78,8 +78,10 @@ final class PostgresKeyAdmission: @unchecked Sendable {
                     let (holders, waiting) = try pass(key)
                     delegate?.keyAdmission(key, holders: holders, waiting: waiting)
                 } catch {
-                    // The next request or heartbeat for the key runs it again.
+                    // The servers' heartbeats ask again for every key with jobs waiting. An unreachable database
+                    // fails the other keys too, each after a connection attempt: they are left to those.
                     logger.warning("concurrency key admission failed", ["error": .string("\(error)")])
+                    if let failure = error as? StoreError, failure.kind == .unavailable { break rounds }
                 }
             }
         }
