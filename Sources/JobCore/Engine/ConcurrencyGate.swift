@@ -95,4 +95,100 @@ struct ConcurrencyGate {
 
     /// How many jobs of `key` hold a slot.
     func running(key: String) -> Int { keys[key]?.running.count ?? 0 }
+
+    // MARK: Slots kept by a shared store (PostgreSQL, API.md §10)
+    //
+    // With servers sharing a database, the store decides which waiting job of a key starts (`SharedKeyAdmission`):
+    // the gate only remembers this server's jobs that wait for it, and their places as the last pass saw them,
+    // moved up since by the jobs other servers' passes let in (counted per key, so that hearing of them costs
+    // nothing per waiting job).
+
+    private struct StorePlace {
+        var place: Int
+        /// `movedUp[key]` when the place was seen.
+        var seen: Int
+    }
+
+    /// This server's jobs waiting for the store to give them a slot: id → key.
+    private var inStore: [String: String] = [:]
+    /// How many of them wait on each key.
+    private var inStoreByKey: [String: Int] = [:]
+    private var storePlaces: [String: StorePlace] = [:]
+    /// Per key with jobs waiting here: the jobs other servers let in since the first of them began waiting.
+    private var movedUp: [String: Int] = [:]
+    /// Ids heard let in before they waited here (a submission whose pass ran just before another server's), the
+    /// newest few thousand.
+    private var heardEarly: Set<String> = []
+    private var heardOrder: [String] = []
+
+    /// Jobs waiting for a slot, in memory or in the store.
+    var totalWaiting: Int { waitingCount + inStore.count }
+
+    /// The keys this server has jobs waiting on.
+    var storeWaitingKeys: Set<String> { Set(inStoreByKey.keys) }
+
+    /// The job waits for the store to give it a slot. A `submitted` job (its id is new, so what was heard of it
+    /// is of this attempt) may have been heard let in already: then true, and it may begin.
+    mutating func waitInStore(id: String, key: String, submitted: Bool = false) -> Bool {
+        if submitted, heardEarly.remove(id) != nil { return true }
+        if inStore.updateValue(key, forKey: id) == nil { inStoreByKey[key, default: 0] += 1 }
+        return false
+    }
+
+    /// The store gave the job a slot: true if it was waiting here (and now no longer is).
+    mutating func admittedByStore(id: String) -> Bool {
+        storePlaces[id] = nil
+        guard let key = inStore.removeValue(forKey: id) else { return false }
+        forgetOne(key)
+        return true
+    }
+
+    /// A notification let in a job not waiting here: remembered a while, should it start waiting just after.
+    mutating func heardAdmitted(id: String) {
+        guard heardEarly.insert(id).inserted else { return }
+        heardOrder.append(id)
+        if heardOrder.count > 4096 {
+            for old in heardOrder.prefix(2048) { heardEarly.remove(old) }
+            heardOrder.removeFirst(2048)
+        }
+    }
+
+    /// The job settled or stopped here while it waited.
+    mutating func leaveStore(id: String) {
+        guard let key = inStore.removeValue(forKey: id) else { return }
+        // The jobs of this server behind it move up.
+        if let left = storePlaces.removeValue(forKey: id) {
+            let place = left.place - ((movedUp[key] ?? 0) - left.seen)
+            for (other, waitsOn) in inStore where waitsOn == key {
+                guard let theirs = storePlaces[other] else { continue }
+                if theirs.place - ((movedUp[key] ?? 0) - theirs.seen) > place { storePlaces[other]?.place -= 1 }
+            }
+        }
+        forgetOne(key)
+    }
+
+    private mutating func forgetOne(_ key: String) {
+        let left = (inStoreByKey[key] ?? 1) - 1
+        inStoreByKey[key] = left > 0 ? left : nil
+        if left <= 0 { movedUp[key] = nil }
+    }
+
+    /// The places of `key`'s first waiting jobs over all servers, from a pass: those of this server are kept.
+    mutating func storePlaces(key: String, waiting: [String]) {
+        let now = movedUp[key] ?? 0
+        for (index, id) in waiting.enumerated() where inStore[id] == key {
+            storePlaces[id] = StorePlace(place: index + 1, seen: now)
+        }
+    }
+
+    /// Another server let in the first `count` waiting jobs of `key`.
+    mutating func storeMovedUp(key: String, by count: Int) {
+        guard inStoreByKey[key] != nil else { return }
+        movedUp[key, default: 0] += count
+    }
+
+    func storePosition(id: String) -> Int? {
+        guard let key = inStore[id], let seen = storePlaces[id] else { return nil }
+        return max(1, seen.place - ((movedUp[key] ?? 0) - seen.seen))
+    }
 }

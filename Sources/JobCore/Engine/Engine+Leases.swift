@@ -236,7 +236,12 @@ extension Engine: SharedStoreDelegate {
         checkRemoteStreams(ids)
     }
 
-    public func leasesRenewed() { queue.async { self.schedulePump() } }
+    public func leasesRenewed() {
+        queue.async {
+            self.schedulePump()
+            self.admitWaitingKeys()
+        }
+    }
 
     // MARK: On the queue
 

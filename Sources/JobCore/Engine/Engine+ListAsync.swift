@@ -35,6 +35,7 @@ extension Engine {
                 }
             }
         }
+        page.jobs = withStorePositions(page.jobs)
         return page
     }
 }

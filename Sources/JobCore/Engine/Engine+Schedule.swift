@@ -162,6 +162,14 @@ extension Engine {
             run.begin()
             return
         }
+        if let admission = keyAdmission {
+            // Servers share the database: a job that was running holds its slot there already; any other
+            // waits for the store to give it one (API.md §10).
+            if resumed { return run.begin() }
+            _ = gate.waitInStore(id: run.id, key: key)
+            admission.requestKeyAdmission([key])
+            return
+        }
         if resumed {
             gate.resume(id: run.id, key: key)
             run.begin()
@@ -192,6 +200,8 @@ extension Engine {
     /// A settled job gives its slot (or its place in the queue) back; the next waiting ones start.
     func leaveGate(_ run: JobRun) {
         guard let key = run.record.concurrencyKey else { return }
+        // Shared: the store takes the slot back once the settled state is committed (the writer asks for a pass).
+        if keyAdmission != nil { return gate.leaveStore(id: run.id) }
         gate.leave(id: run.id, key: key)
         queue.async { if !self.shuttingDown { self.beginAdmitted(key) } }
     }
@@ -200,7 +210,7 @@ extension Engine {
     func shownRecord(_ run: JobRun) -> JobRecord {
         var record = run.record
         if record.state == .pending, let key = record.concurrencyKey {
-            record.queuePosition = gate.position(id: record.id, key: key)
+            record.queuePosition = keyAdmission == nil ? gate.position(id: record.id, key: key) : gate.storePosition(id: record.id)
         }
         return record
     }
@@ -329,7 +339,12 @@ extension Engine {
                 DispatchQueue.global().async {
                     self.settledJobs.remove(id)
                     switch committed {
-                    case .success: completion(outcome)
+                    case .success:
+                        // Servers sharing a database: its place among its key's waiting jobs over all of them.
+                        if case .success(.retrying(let job)) = outcome {
+                            return completion(.success(.retrying(self.withStorePosition(job))))
+                        }
+                        completion(outcome)
                     case .failure(let error): completion(.failure(error))
                     }
                 }

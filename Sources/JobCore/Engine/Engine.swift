@@ -335,9 +335,11 @@ public final class Engine: @unchecked Sendable {
                 timekeeper.scheduled(dueAt: dueAt)
                 return .created(job)
             }
+            let pass = admitSubmitted(job)
             let snapshot: JobRecord = queue.sync {
                 let run = JobRun(engine: self, graph: spec.graph, record: job, nodes: nodes)
-                activate(run)
+                activate(run, hold: pass != nil)
+                if let pass { waitAfterSubmission(run, pass) }
                 return shownRecord(run)
             }
             return .created(snapshot)
@@ -385,7 +387,9 @@ public final class Engine: @unchecked Sendable {
             completion(.success(.settled(settled)))
             return
         }
-        read(id, live: { .record(self.shownRecord($0)) }, stored: { try self.readStoredJob(id: id) }, completion)
+        read(id, live: { .record(self.shownRecord($0)) }, stored: { try self.readStoredJob(id: id) }) { read in
+            completion(self.withStorePosition(read))
+        }
     }
 
     /// Answers from the run in memory (looked at on `queue`), else from `stored` (on a read queue).
@@ -421,7 +425,7 @@ public final class Engine: @unchecked Sendable {
     func storedJob(id: String) throws -> JobRecord? {
         guard var job = try store.jobWithoutRequest(id: id) else { return nil }
         job.notify = notifyStatus?(id)
-        return job
+        return withStorePosition(job)
     }
 
     /// Drops deleted jobs from the cache of settled jobs, after the store committed their deletion: a read
@@ -482,7 +486,7 @@ public final class Engine: @unchecked Sendable {
             // Summed over the jobs being waited on, not over every job.
             m.longPollsWaiting = self.waiters.values.reduce(0) { $0 + $1.count }
             m.scheduledJobs = self.timekeeper.scheduledJobs
-            m.waitingForKey = self.gate.waitingCount
+            m.waitingForKey = self.gate.totalWaiting
             m.transfer.rateLimitWaitMs = Int(self.fetchQueue.rateWaitNs / 1_000_000)
             m.transfer.rateLimitedFetches = self.fetchQueue.rateLimitedStarts
             m.transfer.coalescedFetches = self.sharedTransfers.coalescedCount

@@ -42,6 +42,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     private var keeper: PostgresLeaseKeeper?
     private let url: String
     private let hostSlots: PostgresHostSlots
+    let keyAdmission: PostgresKeyAdmission
 
     /// The default of `--lease-ttl` (API.md §10).
     public static let defaultLeaseTtlMs: Int64 = 15_000
@@ -66,15 +67,22 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         let writer = PostgresStoreWriter(connection: connection, logger: logger, leases: leases)
         self.queue = queue
         self.writerStatus = writer.status
-        self.readers = PostgresReaderPool(url: url)
+        let readers = PostgresReaderPool(url: url)
+        self.readers = readers
         self.hostSlots = PostgresHostSlots(url: url, logger: logger)
+        let keyAdmission = PostgresKeyAdmission(readers: readers, owner: leases.owner, logger: logger)
+        self.keyAdmission = keyAdmission
+        writer.keysWritten = { keys in keyAdmission.request(keys) }
         self.writerThread = try StoreThread { writer.run(queue) }
         logger.debug("store opened", ["database": .string("postgresql"), "server": .string(leases.owner)])
     }
 
     // MARK: Leases
 
-    public func attach(_ delegate: SharedStoreDelegate) { leases.delegate = delegate }
+    public func attach(_ delegate: SharedStoreDelegate) {
+        leases.delegate = delegate
+        keyAdmission.delegate = delegate as? KeyAdmissionDelegate
+    }
 
     public func beginLeasing() {
         closeMonitor.lock()
@@ -85,6 +93,8 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
             let jobs = try Self.loadJobs(ids, db, unreadable: &unreadable)
             return (jobs, unreadable)
         }
+        let keyAdmission = self.keyAdmission
+        keeper.onAdmitted = { payload in keyAdmission.heard(payload) }
         do {
             try keeper.start()
             self.keeper = keeper
@@ -193,6 +203,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         let keeper = self.keeper
         closeMonitor.unlock()
         keeper?.stop()
+        keyAdmission.close()
         hostSlots.close()
         queue.close()
         writerThread.join()
@@ -556,4 +567,16 @@ final class PostgresReaderPool: @unchecked Sendable {
         monitor.unlock()
         connection.close()
     }
+}
+
+extension PostgresJobStore: SharedKeyAdmission {
+    func requestKeyAdmission(_ keys: Set<String>) { keyAdmission.request(keys) }
+
+    func admitNow(_ key: String) throws -> (holders: [String], waiting: [String]) { try keyAdmission.pass(key) }
+
+    func queuePosition(jobID: String) throws -> Int? { try keyAdmission.queuePosition(jobID: jobID) }
+
+    func queuePositions(jobIDs: [String]) throws -> [String: Int] { try keyAdmission.queuePositions(jobIDs) }
+
+    var keyAdmissionPasses: Int { keyAdmission.passes }
 }

@@ -150,7 +150,9 @@ final class PostgresLeases: Sendable {
 /// server's leases every third of the lease time and then claims jobs whose lease expired.
 final class PostgresLeaseKeeper: @unchecked Sendable {
     // @unchecked: `connection` and `nextBeatMs` are touched only on the keeper's thread; `stopped` is `Locked`;
-    // `thread` is set in `start` and joined by `stop`, both called once by the store under its close monitor.
+    // `thread` is set in `start` and joined by `stop`, both called once by the store under its close monitor;
+    // `onAdmitted` is set before `start` (whose thread creation orders the write before every read) and then only
+    // read on the keeper's thread.
     private let url: String
     private let leases: PostgresLeases
     private let logger: Logger
@@ -159,6 +161,9 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
     private let stopped = Locked(false)
     private var thread: StoreThread?
     private var nextBeatMs: Int64 = 0
+    /// Hears the notifications of jobs a concurrency key admission let in (`PostgresKeyAdmission.heard`); set
+    /// before `start`.
+    var onAdmitted: ((String) -> Void)?
     /// Jobs claimed per statement; a server with more to take claims again at once.
     static let claimBatch = 200
 
@@ -212,6 +217,7 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
         let db = try PostgresConnection(url: url)
         try db.listen(PostgresLeases.changedChannel)
         try db.listen(PostgresLeases.cancelChannel)
+        try db.listen(PostgresKeyAdmission.admittedChannel)
         connection = db
         // Changes made while nobody listened are seen by the waiters' own polls.
         return db
@@ -221,8 +227,11 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
         guard !notes.isEmpty, let delegate = leases.delegate else { return }
         var changed: [String] = []
         var cancels: [String] = []
+        var admitted: [String] = []  // payloads
         for note in notes {
-            if note.channel == PostgresLeases.cancelChannel {
+            if note.channel == PostgresKeyAdmission.admittedChannel {
+                admitted.append(note.payload)
+            } else if note.channel == PostgresLeases.cancelChannel {
                 cancels.append(note.payload)
             } else {
                 changed.append(contentsOf: note.payload.split(separator: ",").map(String.init))
@@ -230,6 +239,7 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
         }
         if !cancels.isEmpty { delegate.cancelRequested(cancels) }
         if !changed.isEmpty { delegate.jobsChanged(changed) }
+        for payload in admitted { onAdmitted?(payload) }
     }
 
     /// Renews, then claims.

@@ -142,6 +142,66 @@ enum PostgresSchema {
             SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
         $$;
         """,
+        // 3: concurrency keys over all servers (API.md §8, §10): the slots held, and the admission of a key's
+        // waiting jobs, serialized per key (docs/store.md "Concurrency keys").
+        """
+        CREATE TABLE key_slots (
+            job_id TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+            concurrency_key TEXT NOT NULL,
+            attempt BIGINT NOT NULL
+        );
+        CREATE INDEX key_slots_key ON key_slots (concurrency_key);
+        CREATE INDEX jobs_key_unfinished ON jobs (concurrency_key, id)
+            WHERE concurrency_key IS NOT NULL AND state IN ('pending', 'running');
+        CREATE FUNCTION jobserver_key_admit(k TEXT, caller TEXT) RETURNS TABLE (slot_job TEXT, slot_place BIGINT)
+        LANGUAGE plpgsql AS $$
+        DECLARE
+            held BIGINT;
+            r RECORD;
+            head TEXT := caller || E'\\n' || k || E'\\n';
+            payload TEXT := '';
+        BEGIN
+            -- One admission of a key at a time over all servers; the statements after the lock see what the one
+            -- before committed (each statement of a volatile function takes a new snapshot).
+            PERFORM pg_advisory_xact_lock(7300013, hashtext(k));
+            -- Settled, retried and deleted jobs give their slots back.
+            DELETE FROM key_slots s WHERE s.concurrency_key = k AND NOT EXISTS (
+                SELECT 1 FROM jobs j WHERE j.id = s.job_id AND j.attempt = s.attempt
+                AND j.state IN ('pending', 'running'));
+            SELECT count(*) INTO held FROM jobs j WHERE j.concurrency_key = k AND j.state IN ('pending', 'running')
+                AND (j.state = 'running' OR EXISTS (
+                    SELECT 1 FROM key_slots s WHERE s.job_id = j.id AND s.attempt = j.attempt));
+            FOR r IN SELECT j.id, j.attempt, coalesce(j.concurrency_limit, 1) AS lim FROM jobs j
+                WHERE j.concurrency_key = k AND j.state = 'pending' AND j.due_at IS NULL
+                AND NOT EXISTS (SELECT 1 FROM key_slots s WHERE s.job_id = j.id AND s.attempt = j.attempt)
+                ORDER BY j.id LIMIT 1001
+            LOOP
+                EXIT WHEN held >= r.lim;
+                INSERT INTO key_slots (job_id, concurrency_key, attempt) VALUES (r.id, k, r.attempt)
+                    ON CONFLICT ON CONSTRAINT key_slots_pkey DO UPDATE SET concurrency_key = EXCLUDED.concurrency_key,
+                    attempt = EXCLUDED.attempt;
+                held := held + 1;
+                IF length(payload) > 7000 - length(head) THEN
+                    PERFORM pg_notify('jobserver_admitted', head || payload);
+                    payload := '';
+                END IF;
+                payload := payload || CASE WHEN payload = '' THEN '' ELSE ',' END || r.id;
+            END LOOP;
+            -- The ids let in, after the server that let them in and the key: the other servers' jobs waiting on
+            -- the key move up.
+            IF payload <> '' THEN
+                PERFORM pg_notify('jobserver_admitted', head || payload);
+            END IF;
+            -- The jobs holding a slot that have not started (place 0), then the first waiting ones in order.
+            RETURN QUERY SELECT j.id::text, 0::bigint FROM jobs j JOIN key_slots s ON s.job_id = j.id
+                AND s.attempt = j.attempt WHERE j.concurrency_key = k AND j.state = 'pending';
+            RETURN QUERY SELECT w.id::text, row_number() OVER (ORDER BY w.id) FROM jobs w
+                WHERE w.concurrency_key = k AND w.state = 'pending' AND w.due_at IS NULL
+                AND NOT EXISTS (SELECT 1 FROM key_slots s WHERE s.job_id = w.id AND s.attempt = w.attempt)
+                ORDER BY w.id LIMIT 1000;
+        END
+        $$;
+        """,
     ]
 
     static var currentVersion: Int { migrations.count }

@@ -16,6 +16,11 @@ final class PostgresStoreWriter: @unchecked Sendable {
     /// while no live server held them) and jobs whose changes it left out (another server holds them now).
     private var txAdopted: [String: Int64] = [:]
     private var txLost: [String: Int64?] = [:]
+    /// The concurrency keys of the keyed jobs the transaction in progress settled or made wait (a retry, a due
+    /// job taken in): once it commits, their waiting jobs may be let in (`keysWritten`, set before the writer
+    /// thread starts). A new job's key is admitted by its submission (`Engine.admitSubmitted`).
+    private var txKeys: Set<String> = []
+    var keysWritten: ((Set<String>) -> Void)?
 
     init(connection: PostgresConnection, logger: Logger, leases: PostgresLeases) {
         self.db = connection
@@ -117,6 +122,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
     private func transaction(fullSync: Bool, includesPending: Bool, _ body: () throws -> Void) throws {
         txAdopted.removeAll()
         txLost.removeAll()
+        txKeys.removeAll()
         do {
             try db.execute(fullSync ? "BEGIN" : "BEGIN; SET LOCAL synchronous_commit = off")
             try body()
@@ -130,6 +136,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
         }
         leases.own(txAdopted)
         leases.lose(txLost)
+        if !txKeys.isEmpty { keysWritten?(txKeys) }
+        txKeys.removeAll()
         txAdopted.removeAll()
         txLost.removeAll()
         if includesPending { pending.removeAll() }
@@ -283,6 +291,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
         let fenced = try fence(touched)
         for job in pending.jobs.values where !fenced.contains(job.id) {
             try db.run(prepared: "update_job", PGRows.updateJob, PGRows.updateParameters(job))
+            // A slot given back (settled) or a job that may wait for one (reset by a retry, or due).
+            if let key = job.concurrencyKey, job.state != .running, job.dueAt == nil { txKeys.insert(key) }
         }
         for node in pending.nodes.values where !fenced.contains(node.jobID) {
             try db.run(prepared: "update_node", PGRows.updateNode, PGRows.parameters(node, jobID: node.jobID))
