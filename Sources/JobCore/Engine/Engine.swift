@@ -98,6 +98,7 @@ public final class Engine: @unchecked Sendable {
         self.shared = store as? SharedJobStore
         timekeeper.engine = self
         self.fetchQueue.rateLimiter = HostRateLimiter(configuration.hostRates)
+        self.fetchQueue.rateLimiter.booksInStore = store is SharedHostRates
         shared?.attach(self)
     }
 
@@ -752,12 +753,36 @@ public final class Engine: @unchecked Sendable {
     private func beginWithHostSlot(_ ticket: FetchQueue.Ticket, host: String, _ shared: SharedJobStore) {
         shared.acquireHostSlot(host, limit: configuration.maxPerHost) { taken in
             self.queue.async {
+                if taken, !self.shuttingDown, self.runs[ticket.jobID] != nil,
+                    let perSecond = self.fetchQueue.rateLimiter.perSecond(hostKey: host), let rates = shared as? SharedHostRates
+                {
+                    return self.beginAtSharedRate(ticket, host: host, perSecond: perSecond, rates, shared)
+                }
                 if taken, !self.shuttingDown, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
                     return
                 }
                 // No longer wanted (or the store closed): both slots go back.
                 self.fetchQueue.finished(host: host)
                 if taken { shared.releaseHostSlot(host) }
+                self.schedulePump()
+            }
+        }
+    }
+
+    /// With servers sharing a database, a fetch to a host with a `--host-rate` books its start in the store (the
+    /// rate holds over all servers, API.md §10) once it holds both slots, and keeps them while it waits for it.
+    /// On the queue.
+    private func beginAtSharedRate(
+        _ ticket: FetchQueue.Ticket, host: String, perSecond: Double, _ rates: SharedHostRates, _ shared: SharedJobStore
+    ) {
+        rates.awaitHostStart(HostRateLimiter.hostName(of: host), perSecond: perSecond) { heldNs in
+            self.queue.async {
+                if let heldNs { self.fetchQueue.rateWaited(ns: heldNs) }
+                if heldNs != nil, !self.shuttingDown, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
+                    return
+                }
+                self.fetchQueue.finished(host: host)
+                shared.releaseHostSlot(host)
                 self.schedulePump()
             }
         }

@@ -42,6 +42,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     private var keeper: PostgresLeaseKeeper?
     private let url: String
     private let hostSlots: PostgresHostSlots
+    let hostRates: PostgresHostRates
 
     /// The default of `--lease-ttl` (API.md §10).
     public static let defaultLeaseTtlMs: Int64 = 15_000
@@ -68,6 +69,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         self.writerStatus = writer.status
         self.readers = PostgresReaderPool(url: url)
         self.hostSlots = PostgresHostSlots(url: url, logger: logger)
+        self.hostRates = PostgresHostRates(url: url, logger: logger)
         self.writerThread = try StoreThread { writer.run(queue) }
         logger.debug("store opened", ["database": .string("postgresql"), "server": .string(leases.owner)])
     }
@@ -194,6 +196,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         closeMonitor.unlock()
         keeper?.stop()
         hostSlots.close()
+        hostRates.close()
         queue.close()
         writerThread.join()
         // Everything is written: the jobs still held go to the other servers at their next heartbeat rather

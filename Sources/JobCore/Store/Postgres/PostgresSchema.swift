@@ -142,6 +142,14 @@ enum PostgresSchema {
             SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
         $$;
         """,
+        // `--host-rate` over all servers: the earliest time (µs since the epoch, PostgreSQL's clock) each limited
+        // host's next request start may be booked for (`PostgresHostRates`).
+        """
+        CREATE TABLE host_rates (
+            host TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+            next_start_us BIGINT NOT NULL
+        );
+        """,
     ]
 
     static var currentVersion: Int { migrations.count }

@@ -1,0 +1,152 @@
+import Foundation
+
+/// `--host-rate` over all the servers of one database (API.md §10): each limited host has one row of
+/// `host_rates`, the earliest time (µs, on PostgreSQL's clock) its next start may be given out. One statement books
+/// the next `k` starts of a host, `1/N` s (plus 5 %, as `HostRateLimiter`) apart, whichever server asks:
+///
+///     INSERT … ON CONFLICT (host) DO UPDATE SET next_start_us = GREATEST(next_start_us, now) + k × interval
+///
+/// and answers how long from now the first of them is, so a waiting fetch needs no retry: it sleeps (on this
+/// class's queue, never the engine's) until its booked time. Booking is a virtual schedule (GCRA), so servers
+/// that book in turn interleave their starts and no second holds more than `N` of them over all servers.
+///
+/// A server books only a few starts ahead of time per host (`lookahead`): a fetch cancelled or timed out while it
+/// waits wastes its booked start, never exceeds the rate. Booked starts are handed out in the order the fetches
+/// asked, which is the fetch queue's round-robin order.
+final class PostgresHostRates: @unchecked Sendable {
+    // @unchecked: every `var` is touched only on `queue`; `url` and `logger` are immutable.
+    private let url: String
+    private let logger: Logger
+    private let queue = DispatchQueue(label: "jobserver.host-rates")
+    private var connection: PostgresConnection?
+    private var hosts: [String: Host] = [:]
+    private var retryArmed = false
+    private var closed = false
+    static let retryMs = 50
+
+    private struct Waiter {
+        var completion: @Sendable (UInt64?) -> Void
+        var intervalUs: Int64
+    }
+
+    private struct Host {
+        /// Fetches with no booked start yet, in the order they asked.
+        var waiting: [Waiter] = []
+        /// Starts booked and not yet come.
+        var booked = 0
+        var isIdle: Bool { waiting.isEmpty && booked == 0 }
+    }
+
+    init(url: String, logger: Logger) {
+        self.url = url
+        self.logger = logger
+    }
+
+    /// Calls `completion` with how long (ns) the start was held back for the rate once `host` (a host name, as
+    /// `HostRateLimiter.hostName`) may take one more start, over all servers; `nil` if the store closes first.
+    func awaitStart(_ host: String, perSecond: Double, _ completion: @escaping @Sendable (UInt64?) -> Void) {
+        let intervalUs = max(1, Int64(1e6 / max(perSecond, 1e-6) * 1.05))
+        queue.async {
+            if self.closed { return completion(nil) }
+            self.hosts[host, default: Host()].waiting.append(Waiter(completion: completion, intervalUs: intervalUs))
+            self.book(host)
+        }
+    }
+
+    func close() {
+        queue.sync {
+            closed = true
+            for host in hosts.values {
+                for waiter in host.waiting { waiter.completion(nil) }
+            }
+            hosts.removeAll()
+            connection?.close()
+            connection = nil
+        }
+    }
+
+    /// How many starts of a host this server books ahead: enough to cover a round trip (≈ 20 ms of starts at
+    /// high rates), at least 2 so that the next booking overlaps the wait for the current one.
+    static func lookahead(intervalUs: Int64) -> Int { max(2, Int(20_000 / max(intervalUs, 1))) }
+
+    /// Books starts for the host's waiting fetches, up to the lookahead, in one statement; on `queue`.
+    private func book(_ host: String) {
+        guard !closed, var entry = hosts[host], let first = entry.waiting.first else { return }
+        let count = min(entry.waiting.count, Self.lookahead(intervalUs: first.intervalUs) - entry.booked)
+        guard count > 0 else { return }
+        let intervalUs = first.intervalUs
+        let firstWaitUs: Int64
+        do {
+            firstWaitUs = try reserve(host, count: count, intervalUs: intervalUs)
+        } catch {
+            lost(error)
+            retryLater()
+            return
+        }
+        let given = entry.waiting.prefix(count)
+        entry.waiting.removeFirst(count)
+        entry.booked += count
+        hosts[host] = entry
+        for (j, waiter) in given.enumerated() {
+            let waitUs = max(0, firstWaitUs + Int64(j) * intervalUs)
+            let completion = waiter.completion
+            let fire: @Sendable () -> Void = {
+                completion(UInt64(waitUs) * 1000)
+                self.came(host)
+            }
+            if waitUs == 0 { fire() } else { queue.asyncAfter(deadline: .now() + .microseconds(Int(waitUs)), execute: fire) }
+        }
+    }
+
+    /// A booked start came: the host may book one more.
+    private func came(_ host: String) {
+        guard var entry = hosts[host] else { return }
+        entry.booked -= 1
+        hosts[host] = entry.isIdle ? nil : entry
+        book(host)
+    }
+
+    /// Books `count` starts `intervalUs` apart; answers how long (µs) from now the first one is.
+    private func reserve(_ host: String, count: Int, intervalUs: Int64) throws -> Int64 {
+        let now = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint"
+        let rows = try open().run(
+            prepared: "host_rate_book",
+            "INSERT INTO host_rates AS r (host, next_start_us) VALUES ($1, \(now) + $2::bigint) "
+                + "ON CONFLICT (host) DO UPDATE SET next_start_us = GREATEST(r.next_start_us, \(now)) + $2::bigint "
+                + "RETURNING r.next_start_us - $2::bigint - \(now)",
+            [.text(host), .int(Int64(count) * intervalUs)])
+        guard let text = rows.rows.first?.first ?? nil, let wait = Int64(text) else {
+            throw StoreError(.io, "booking a start of \(host) returned no time")
+        }
+        return wait
+    }
+
+    /// After a failed booking, every host with fetches waiting books again in a moment.
+    private func retryLater() {
+        guard !retryArmed else { return }
+        retryArmed = true
+        queue.asyncAfter(deadline: .now() + .milliseconds(Self.retryMs)) {
+            self.retryArmed = false
+            for host in self.hosts.keys { self.book(host) }
+        }
+    }
+
+    private func lost(_ error: Error) {
+        logger.warning("host rate booking failed; waiting fetches try again", ["error": .string("\(error)")])
+        connection?.close()
+        connection = nil
+    }
+
+    private func open() throws -> PostgresConnection {
+        if let connection { return connection }
+        let db = try PostgresConnection(url: url)
+        connection = db
+        return db
+    }
+}
+
+extension PostgresJobStore: SharedHostRates {
+    public func awaitHostStart(_ host: String, perSecond: Double, _ completion: @escaping @Sendable (UInt64?) -> Void) {
+        hostRates.awaitStart(host, perSecond: perSecond, completion)
+    }
+}
