@@ -6,6 +6,7 @@
 #     every job that got a 201 settles, no node is fetched again after it settled, and no job has fetches from
 #     two processes at once (the fixture upstream records the client process of every fetch);
 #     --max-per-host holds over the three servers together (the upstream's most requests at once);
+#     --host-rate holds over three more servers together (the upstream's arrival times);
 #  3. a server stopped with SIGSTOP for longer than --lease-ttl, then resumed, writes nothing more to the job
 #     another server took over (a trigger logs every write with the writing server's application_name), and
 #     starts no fetch of it.
@@ -195,6 +196,67 @@ for n in 0 1 2; do
   expect_status 404
 done
 log "cancelled $JOBS jobs across servers (${SECONDS}s)"
+
+step "--host-rate 127.0.0.1=20/s holds over three servers together"
+# Three more servers, each with the same rate; jobs spread over them. Each alone would start 20 a second, so
+# together they would reach 60 if the rate held per server.
+RATE=20
+RATE_FETCHES=90
+RATE_PORTS=()
+for r in 0 1 2; do
+  RATE_PORTS+=("$(free_port)")
+  PGAPPNAME="rate-$r" "$JOBSERVER_BIN" serve --host 127.0.0.1 --port "${RATE_PORTS[$r]}" --db "$url" --lease-ttl "$TTL" \
+    --max-per-host 64 --host-rate "127.0.0.1=$RATE/s" --log-level warning >>"$TMP/node-r$r.log" 2>&1 &
+  echo "$!" >"$TMP/node-r$r.pid"
+done
+for r in 0 1 2; do
+  for ((i = 0; i < 200; i++)); do
+    curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:${RATE_PORTS[$r]}/healthz" 2>/dev/null && break
+    sleep 0.1
+  done
+  curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:${RATE_PORTS[$r]}/healthz" \
+    || fail "rate server $r did not start: $(tail -3 "$TMP/node-r$r.log")"
+done
+curl -fsS -X POST -o /dev/null "$UPSTREAM/stats/reset"
+rate_ids=()
+started="$(date +%s%N)"
+for ((j = 0; j < RATE_FETCHES / 5; j++)); do
+  children=""
+  for k in 0 1 2 3 4; do children+="${children:+,}{\"type\":\"fetch\",\"url\":\"$UPSTREAM/rate/r$j-$k\"}"; done
+  api POST "http://127.0.0.1:${RATE_PORTS[$((j % 3))]}/v1/jobs" "{\"graph\":{\"type\":\"list\",\"children\":[$children]}}"
+  expect_status 201
+  rate_ids+=("$j $(jget .id)")
+done
+for entry in "${rate_ids[@]}"; do
+  read -r j id <<<"$entry"
+  api GET "http://127.0.0.1:${RATE_PORTS[$(((j + 1) % 3))]}/v1/jobs/$id?wait=30"
+  expect_status 200
+  expect_jq .state succeeded
+done
+elapsed_ms=$((($(date +%s%N) - started) / 1000000))
+curl -fsS "$UPSTREAM/stats" >"$TMP/rate-stats.json"
+waited=0
+for r in 0 1 2; do
+  w="$(curl -fsS "http://127.0.0.1:${RATE_PORTS[$r]}/metrics" | awk '$1 == "jobserver_rate_limited_fetches_total" { print $2 }')"
+  awk -v w="${w:-0}" 'BEGIN { exit !(w > 0) }' && waited=$((waited + 1))
+  _stop_pid "$(cat "$TMP/node-r$r.pid")" 10
+  rm -f "$TMP/node-r$r.pid"
+done
+python3 - "$TMP/rate-stats.json" "$RATE" "$RATE_FETCHES" "$elapsed_ms" <<'PY' || fail "the rate did not hold over the three servers (above)"
+import json, sys
+arrivals = sorted(t for v in json.load(open(sys.argv[1]))["arrivals"].values() for t in v)
+rate, count, elapsed = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) / 1000
+# The shortest span of rate + 1 arrivals: at least 1 s if no second held more than `rate` starts.
+shortest = min(arrivals[i + rate] - arrivals[i] for i in range(len(arrivals) - rate))
+first_to_last = arrivals[-1] - arrivals[0]
+print("%d fetches over three servers at %d/s: first to last arrival %.2f s (the rate alone: %.2f s), all done in %.2f s; "
+      "the shortest span of %d arrivals %.3f s" % (len(arrivals), rate, first_to_last, (count - 1) / rate, elapsed, rate + 1, shortest))
+assert len(arrivals) == count, "the upstream saw %d fetches, not %d" % (len(arrivals), count)
+assert shortest >= 1.0, "%d arrivals within %.3f s" % (rate + 1, shortest)
+# The servers together keep to the rate, not far below it: 5 % margin, plus a second for start-up and jitter.
+assert first_to_last <= (count - 1) / rate * 1.05 + 1.0, "the servers together started far slower than the rate"
+PY
+[ "$waited" -ge 2 ] || fail "only $waited of the three servers counted fetches held back by the rate in /metrics"
 
 step "chaos: kill -9 one of three servers every 2.5 s while $CHAOS_JOBS jobs of $FETCHES fetches run"
 curl -fsS -X POST -o /dev/null "$UPSTREAM/stats/reset"
