@@ -10,12 +10,15 @@
 #  3. a server stopped with SIGSTOP for longer than --lease-ttl, then resumed, writes nothing more to the job
 #     another server took over (a trigger logs every write with the writing server's application_name), and
 #     starts no fetch of it.
-# Sizes: SCALEOUT_JOBS (default 300), SCALEOUT_CHAOS_JOBS (default 200) of SCALEOUT_FETCHES (default 20).
+# Sizes: SCALEOUT_JOBS (default 300), SCALEOUT_CHAOS_JOBS (default 2000) of SCALEOUT_FETCHES (default 20), each
+# fetch answered after SCALEOUT_CHAOS_DELAY_MS (default 20); SCALEOUT_CHAOS_SETTLE_S (default 120) for them to settle.
 # shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC2119
 source "$(dirname "$0")/lib.sh"
 
 JOBS="${SCALEOUT_JOBS:-300}"
-CHAOS_JOBS="${SCALEOUT_CHAOS_JOBS:-200}"
+CHAOS_JOBS="${SCALEOUT_CHAOS_JOBS:-2000}"
+CHAOS_DELAY_MS="${SCALEOUT_CHAOS_DELAY_MS:-20}"
+CHAOS_SETTLE_S="${SCALEOUT_CHAOS_SETTLE_S:-120}"
 FETCHES="${SCALEOUT_FETCHES:-20}"
 TTL=2s
 
@@ -263,7 +266,7 @@ curl -fsS -X POST -o /dev/null "$UPSTREAM/stats/reset"
 children=""
 for ((f = 0; f < FETCHES; f++)); do
   [ -n "$children" ] && children+=","
-  children+="{\"type\":\"fetch\",\"id\":\"f$f\",\"url\":\"$UPSTREAM/span/JOB-$f?pid=jobserver&delay_ms=100\"}"
+  children+="{\"type\":\"fetch\",\"id\":\"f$f\",\"url\":\"$UPSTREAM/span/JOB-$f?pid=jobserver&delay_ms=$CHAOS_DELAY_MS\"}"
 done
 (
   set +e
@@ -338,8 +341,13 @@ PY
 template="{\"graph\":{\"type\":\"sequence\",\"children\":[$children]}}"
 accepted="$(chaos_py submit "$TMP/accepted.txt" "$(node 0)" "$(node 1)" "$(node 2)" "$CHAOS_JOBS" "$template")"
 log "$accepted of $CHAOS_JOBS submissions answered 201 (${SECONDS}s)"
-# Through several more kills whatever the machine's speed, while the jobs run.
-sleep 8
+# Through six kills in all and one more after the last submission, however fast the machine is, while the jobs run.
+kills_at_submit="$(grep -c killed "$TMP/chaos.log" 2>/dev/null)" || kills_at_submit=0
+for ((i = 0; i < 150; i++)); do
+  kills="$(grep -c killed "$TMP/chaos.log" 2>/dev/null)" || kills=0
+  [ "$kills" -ge 6 ] && [ "$kills" -gt "$kills_at_submit" ] && break
+  sleep 0.1
+done
 kill "$CHAOS_PID" 2>/dev/null || true
 wait "$CHAOS_PID" 2>/dev/null || true
 CHAOS_PID=""
@@ -347,15 +355,16 @@ log "kills: $(grep -c killed "$TMP/chaos.log") (${SECONDS}s)"
 for n in 0 1 2; do
   kill -0 "$(cat "$TMP/node-$n.pid")" 2>/dev/null || start_node "$n" "${PORTS[$n]}" || fail "server $n did not start again"
 done
-chaos_py settle "$TMP/accepted.txt" "$(node 0)" "$(node 1)" "$(node 2)" 60 || fail "not every accepted job succeeded (above)"
+chaos_py settle "$TMP/accepted.txt" "$(node 0)" "$(node 1)" "$(node 2)" "$CHAOS_SETTLE_S" || fail "not every accepted job succeeded (above)"
+log "every accepted job settled (${SECONDS}s)"
 cp "$TMP/accepted.txt.nodes" "$TMP/nodes.jsonl"
 curl -fsS "$UPSTREAM/stats" >"$TMP/stats.json"
-python3 - "$TMP/nodes.jsonl" "$TMP/stats.json" "$FETCHES" <<'PY' || fail "the chaos run broke a promise (above)"
+python3 - "$TMP/nodes.jsonl" "$TMP/stats.json" "$FETCHES" "$CHAOS_DELAY_MS" <<'PY' || fail "the chaos run broke a promise (above)"
 import json, sys
 from datetime import datetime
 jobs = [json.loads(line) for line in open(sys.argv[1])]
 spans = json.load(open(sys.argv[2]))["spans"]
-fetches = int(sys.argv[3])
+fetches, delay = int(sys.argv[3]), int(sys.argv[4]) / 1000
 def epoch(text):
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 refetched, overlaps, total, extra, unknown = [], [], 0, 0, 0
@@ -382,8 +391,8 @@ for job in jobs:
             s["pid"] = "gone-%d" % i
             unknown += 1
     for a, b in zip(mine, mine[1:]):
-        # A fetch left unanswered (its server died) counts as running for its 100 ms delay.
-        end = a["end"] if a["end"] is not None else a["start"] + 0.1
+        # A fetch left unanswered (its server died) counts as running for its delay.
+        end = a["end"] if a["end"] is not None else a["start"] + delay
         if b["start"] < end and a.get("pid") != b.get("pid"):
             overlaps.append((job["key"], a.get("pid"), b.get("pid")))
 print("jobs %d, fetches %d (%d again after an interrupted attempt; %d cut off by a kill before their client was found), "
