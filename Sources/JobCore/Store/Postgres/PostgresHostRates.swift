@@ -21,6 +21,7 @@ final class PostgresHostRates: @unchecked Sendable {
     private var connection: PostgresConnection?
     private var hosts: [String: Host] = [:]
     private var retryArmed = false
+    private var nextTicket = 0
     private var closed = false
     static let retryMs = 50
 
@@ -32,9 +33,9 @@ final class PostgresHostRates: @unchecked Sendable {
     private struct Host {
         /// Fetches with no booked start yet, in the order they asked.
         var waiting: [Waiter] = []
-        /// Starts booked and not yet come.
-        var booked = 0
-        var isIdle: Bool { waiting.isEmpty && booked == 0 }
+        /// The fetches whose booked start has not come yet, by ticket.
+        var booked: [Int: @Sendable (UInt64?) -> Void] = [:]
+        var isIdle: Bool { waiting.isEmpty && booked.isEmpty }
     }
 
     init(url: String, logger: Logger) {
@@ -58,6 +59,7 @@ final class PostgresHostRates: @unchecked Sendable {
             closed = true
             for host in hosts.values {
                 for waiter in host.waiting { waiter.completion(nil) }
+                for completion in host.booked.values { completion(nil) }
             }
             hosts.removeAll()
             connection?.close()
@@ -72,7 +74,7 @@ final class PostgresHostRates: @unchecked Sendable {
     /// Books starts for the host's waiting fetches, up to the lookahead, in one statement; on `queue`.
     private func book(_ host: String) {
         guard !closed, var entry = hosts[host], let first = entry.waiting.first else { return }
-        let count = min(entry.waiting.count, Self.lookahead(intervalUs: first.intervalUs) - entry.booked)
+        let count = min(entry.waiting.count, Self.lookahead(intervalUs: first.intervalUs) - entry.booked.count)
         guard count > 0 else { return }
         let intervalUs = first.intervalUs
         let firstWaitUs: Int64
@@ -85,24 +87,25 @@ final class PostgresHostRates: @unchecked Sendable {
         }
         let given = entry.waiting.prefix(count)
         entry.waiting.removeFirst(count)
-        entry.booked += count
+        var tickets: [Int] = []
+        for waiter in given {
+            nextTicket += 1
+            entry.booked[nextTicket] = waiter.completion
+            tickets.append(nextTicket)
+        }
         hosts[host] = entry
-        for (j, waiter) in given.enumerated() {
+        for (j, ticket) in tickets.enumerated() {
             let waitUs = max(0, firstWaitUs + Int64(j) * intervalUs)
-            let completion = waiter.completion
-            let fire: @Sendable () -> Void = {
-                completion(UInt64(waitUs) * 1000)
-                self.came(host)
-            }
+            let fire: @Sendable () -> Void = { self.came(host, ticket, heldNs: UInt64(waitUs) * 1000) }
             if waitUs == 0 { fire() } else { queue.asyncAfter(deadline: .now() + .microseconds(Int(waitUs)), execute: fire) }
         }
     }
 
-    /// A booked start came: the host may book one more.
-    private func came(_ host: String) {
-        guard var entry = hosts[host] else { return }
-        entry.booked -= 1
+    /// A booked start came (unless the store closed meanwhile): its fetch may start, and the host book one more.
+    private func came(_ host: String, _ ticket: Int, heldNs: UInt64) {
+        guard var entry = hosts[host], let completion = entry.booked.removeValue(forKey: ticket) else { return }
         hosts[host] = entry.isIdle ? nil : entry
+        completion(heldNs)
         book(host)
     }
 
