@@ -63,3 +63,56 @@ final class PostgresHostRateTests: XCTestCase {
         XCTAssertEqual(answers.withLock { $0.last }, .some(nil), "a closed store books nothing")
     }
 }
+
+/// Two engines on one database, as two servers, each with the same `--host-rate`: together they keep to it.
+final class PostgresHostRateEngineTests: EngineTestCase {
+    override class var usesPostgres: Bool { true }
+
+    private func submit(_ engine: Engine, _ graph: String) throws -> JobRecord {
+        let json = try JSONValue.parse(#"{"graph": \#(graph)}"#)
+        switch try engine.submit(try JobSpec.parse(json), request: json, idempotencyKey: nil) {
+        case .created(let job), .existing(let job): return job
+        case let other: throw UpstreamError("submit answered \(other)")
+        }
+    }
+
+    private func settled(_ engine: Engine, _ id: String) throws -> JobRecord? {
+        var job: JobRecord?
+        _ = try TestSupport.eventually(20) {
+            job = try engine.job(id: id)
+            return job.map { $0.state.isSettled && $0.progress.pending + $0.progress.running == 0 } ?? false
+        }
+        return job
+    }
+
+    func testTwoServersTogetherKeepToTheRate() throws {
+        let rate = [HostRate(host: "127.0.0.1", perSecond: 20)]
+        let engines = [try makeEngine { $0.hostRates = rate }, try makeEngine { $0.hostRates = rate }]
+        var submitted: [(Engine, String)] = []
+        for j in 0..<6 {
+            let engine = engines[j % 2]
+            let children = (0..<5).map { k in "{\"type\":\"fetch\",\"url\":\"\(upstream.url("/rate/r\(j)-\(k)"))\"}" }
+            submitted.append((engine, try submit(engine, #"{"type":"list","children":[\#(children.joined(separator: ","))]}"#).id))
+        }
+        for (engine, id) in submitted { XCTAssertEqual(try settled(engine, id)?.state, .succeeded) }
+        let arrivals = (try upstream.stats()["arrivals"]?.objectValue ?? [])
+            .flatMap { $0.value.arrayValue ?? [] }.compactMap(\.doubleValue).sorted()
+        XCTAssertEqual(arrivals.count, 30)
+        // Each alone may start 20 a second; no second holds more than 20 over both: any 21 in a row span a second.
+        for i in 20..<arrivals.count {
+            XCTAssertGreaterThanOrEqual(arrivals[i] - arrivals[i - 20], 1.0, "arrivals \(i - 20)…\(i)")
+        }
+        for engine in engines { XCTAssertGreaterThan(try engine.metricsNow.transfer.rateLimitedFetches, 0) }
+    }
+
+    func testRateWaitCountsInTheNodesTimeout() throws {
+        let engine = try makeEngine { $0.hostRates = [HostRate(host: "*", perSecond: 0.2)] }
+        let first = try submit(engine, #"{"type":"fetch","url":"\#(upstream.url("/json"))"}"#)
+        XCTAssertEqual(try settled(engine, first.id)?.state, .succeeded)
+        // The next start to this host is booked about 5 s away: a 100 ms timeout passes while it waits.
+        let second = try submit(engine, #"{"type":"fetch","url":"\#(upstream.url("/json"))","timeout_ms":100}"#)
+        let job = try settled(engine, second.id)
+        XCTAssertEqual(job?.state, .failed)
+        XCTAssertEqual(job?.error?.kind, .timeout)
+    }
+}
