@@ -204,7 +204,7 @@ step "--host-rate 127.0.0.1=20/s holds over three servers together"
 # Three more servers, each with the same rate; jobs spread over them. Each alone would start 20 a second, so
 # together they would reach 60 if the rate held per server.
 RATE=20
-RATE_FETCHES=90
+RATE_FETCHES=60
 RATE_PORTS=()
 for r in 0 1 2; do
   RATE_PORTS+=("$(free_port)")

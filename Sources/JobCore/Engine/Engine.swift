@@ -775,7 +775,7 @@ public final class Engine: @unchecked Sendable {
     private func beginAtSharedRate(
         _ ticket: FetchQueue.Ticket, host: String, perSecond: Double, _ rates: SharedHostRates, _ shared: SharedJobStore
     ) {
-        rates.awaitHostStart(HostRateLimiter.hostName(of: host), perSecond: perSecond) { heldNs in
+        rates.awaitHostStart(HostRateLimiter.hostName(of: host), perSecond: perSecond, jobID: ticket.jobID) { heldNs in
             self.queue.async {
                 if let heldNs { self.fetchQueue.rateWaited(ns: heldNs) }
                 if heldNs != nil, !self.shuttingDown, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
@@ -896,6 +896,7 @@ public final class Engine: @unchecked Sendable {
         for state in NodeState.allCases { nodesByState[state, default: 0] -= run.record.progress[state] }
         if !run.record.state.isSettled { unsettledJobs -= 1 }
         fetchQueue.removeJob(run.id)
+        if !fetchQueue.rateLimiter.isEmpty, let rates = shared as? SharedHostRates { rates.withdrawHostStarts(jobID: run.id) }
         shared?.released(jobID: run.id)
     }
 

@@ -26,6 +26,7 @@ final class PostgresHostRates: @unchecked Sendable {
     static let retryMs = 50
 
     private struct Waiter {
+        var jobID: String
         var completion: @Sendable (UInt64?) -> Void
         var intervalUs: Int64
     }
@@ -34,7 +35,7 @@ final class PostgresHostRates: @unchecked Sendable {
         /// Fetches with no booked start yet, in the order they asked.
         var waiting: [Waiter] = []
         /// The fetches whose booked start has not come yet, by ticket.
-        var booked: [Int: @Sendable (UInt64?) -> Void] = [:]
+        var booked: [Int: Waiter] = [:]
         var isIdle: Bool { waiting.isEmpty && booked.isEmpty }
     }
 
@@ -45,12 +46,31 @@ final class PostgresHostRates: @unchecked Sendable {
 
     /// Calls `completion` with how long (ns) the start was held back for the rate once `host` (a host name, as
     /// `HostRateLimiter.hostName`) may take one more start, over all servers; `nil` if the store closes first.
-    func awaitStart(_ host: String, perSecond: Double, _ completion: @escaping @Sendable (UInt64?) -> Void) {
+    func awaitStart(
+        _ host: String, perSecond: Double, jobID: String, _ completion: @escaping @Sendable (UInt64?) -> Void
+    ) {
         let intervalUs = max(1, Int64(1e6 / max(perSecond, 1e-6) * 1.05))
         queue.async {
             if self.closed { return completion(nil) }
-            self.hosts[host, default: Host()].waiting.append(Waiter(completion: completion, intervalUs: intervalUs))
+            self.hosts[host, default: Host()].waiting.append(Waiter(jobID: jobID, completion: completion, intervalUs: intervalUs))
             self.book(host)
+        }
+    }
+
+    /// The job's fetches waiting for a start are answered `nil` at once (their slots go back); the starts booked
+    /// for them stay unused, and the host books for the fetches after them.
+    func withdraw(jobID: String) {
+        queue.async {
+            for (host, entry) in self.hosts {
+                var left = entry
+                left.waiting.removeAll { $0.jobID == jobID }
+                left.booked = left.booked.filter { $0.value.jobID != jobID }
+                guard left.waiting.count != entry.waiting.count || left.booked.count != entry.booked.count else { continue }
+                self.hosts[host] = left.isIdle ? nil : left
+                for waiter in entry.waiting where waiter.jobID == jobID { waiter.completion(nil) }
+                for waiter in entry.booked.values where waiter.jobID == jobID { waiter.completion(nil) }
+                self.book(host)
+            }
         }
     }
 
@@ -59,7 +79,7 @@ final class PostgresHostRates: @unchecked Sendable {
             closed = true
             for host in hosts.values {
                 for waiter in host.waiting { waiter.completion(nil) }
-                for completion in host.booked.values { completion(nil) }
+                for waiter in host.booked.values { waiter.completion(nil) }
             }
             hosts.removeAll()
             connection?.close()
@@ -90,7 +110,7 @@ final class PostgresHostRates: @unchecked Sendable {
         var tickets: [Int] = []
         for waiter in given {
             nextTicket += 1
-            entry.booked[nextTicket] = waiter.completion
+            entry.booked[nextTicket] = waiter
             tickets.append(nextTicket)
         }
         hosts[host] = entry
@@ -103,9 +123,9 @@ final class PostgresHostRates: @unchecked Sendable {
 
     /// A booked start came (unless the store closed meanwhile): its fetch may start, and the host book one more.
     private func came(_ host: String, _ ticket: Int, heldNs: UInt64) {
-        guard var entry = hosts[host], let completion = entry.booked.removeValue(forKey: ticket) else { return }
+        guard var entry = hosts[host], let waiter = entry.booked.removeValue(forKey: ticket) else { return }
         hosts[host] = entry.isIdle ? nil : entry
-        completion(heldNs)
+        waiter.completion(heldNs)
         book(host)
     }
 
@@ -149,7 +169,11 @@ final class PostgresHostRates: @unchecked Sendable {
 }
 
 extension PostgresJobStore: SharedHostRates {
-    public func awaitHostStart(_ host: String, perSecond: Double, _ completion: @escaping @Sendable (UInt64?) -> Void) {
-        hostRates.awaitStart(host, perSecond: perSecond, completion)
+    public func awaitHostStart(
+        _ host: String, perSecond: Double, jobID: String, _ completion: @escaping @Sendable (UInt64?) -> Void
+    ) {
+        hostRates.awaitStart(host, perSecond: perSecond, jobID: jobID, completion)
     }
+
+    public func withdrawHostStarts(jobID: String) { hostRates.withdraw(jobID: jobID) }
 }
