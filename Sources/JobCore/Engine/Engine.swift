@@ -778,11 +778,16 @@ public final class Engine: @unchecked Sendable {
         rates.awaitHostStart(HostRateLimiter.hostName(of: host), perSecond: perSecond, jobID: ticket.jobID) { heldNs in
             self.queue.async {
                 if let heldNs { self.fetchQueue.rateWaited(ns: heldNs) }
-                if heldNs != nil, !self.shuttingDown, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
+                let wanted = heldNs != nil && !self.shuttingDown && self.runs[ticket.jobID] != nil
+                // Leases in doubt since the booking: another server may be taking the job over, so the fetch
+                // waits in the queue again (pumps resume at the next renewal) rather than begins.
+                let hold = shared.leasesHold
+                if wanted, hold, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
                     return
                 }
                 self.fetchQueue.finished(host: host)
                 shared.releaseHostSlot(host)
+                if wanted, !hold { self.fetchQueue.enqueue(ticket, host: host) }
                 self.schedulePump()
             }
         }
