@@ -753,17 +753,21 @@ public final class Engine: @unchecked Sendable {
     private func beginWithHostSlot(_ ticket: FetchQueue.Ticket, host: String, _ shared: SharedJobStore) {
         shared.acquireHostSlot(host, limit: configuration.maxPerHost) { taken in
             self.queue.async {
-                if taken, !self.shuttingDown, self.runs[ticket.jobID] != nil,
+                // Leases in doubt since the fetch began waiting for its slot: another server may be taking the job
+                // over, so the fetch queues again (pumps resume at the next renewal) rather than begins.
+                let hold = shared.leasesHold
+                if taken, hold, !self.shuttingDown, self.runs[ticket.jobID] != nil,
                     let perSecond = self.fetchQueue.rateLimiter.perSecond(hostKey: host), let rates = shared as? SharedHostRates
                 {
                     return self.beginAtSharedRate(ticket, host: host, perSecond: perSecond, rates, shared)
                 }
-                if taken, !self.shuttingDown, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
+                if taken, hold, !self.shuttingDown, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
                     return
                 }
-                // No longer wanted (or the store closed): both slots go back.
+                // No longer wanted (or the store closed, or the leases in doubt): both slots go back.
                 self.fetchQueue.finished(host: host)
                 if taken { shared.releaseHostSlot(host) }
+                if taken, !hold, !self.shuttingDown, self.runs[ticket.jobID] != nil { self.fetchQueue.enqueue(ticket, host: host) }
                 self.schedulePump()
             }
         }
@@ -779,8 +783,7 @@ public final class Engine: @unchecked Sendable {
             self.queue.async {
                 if let heldNs { self.fetchQueue.rateWaited(ns: heldNs) }
                 let wanted = heldNs != nil && !self.shuttingDown && self.runs[ticket.jobID] != nil
-                // Leases in doubt since the booking: another server may be taking the job over, so the fetch
-                // waits in the queue again (pumps resume at the next renewal) rather than begins.
+                // Leases in doubt since the booking: the fetch queues again, as in `beginWithHostSlot`.
                 let hold = shared.leasesHold
                 if wanted, hold, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
                     return
