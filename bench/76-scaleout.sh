@@ -4,7 +4,10 @@
 # database and with one server on SQLite; CLIENTS clients, spread round-robin over the servers, each submit a job
 # and long-poll it until it settles, for COMPLETE_SECONDS. Also per-server CPU (% of one core), PostgreSQL's CPU
 # and its commits per second (pg_stat_database.xact_commit) over the same time, and the rate N servers would
-# reach if they scaled linearly from one.
+# reach if they scaled linearly from one. The cross-server limits: 3 servers again with a --host-rate that never
+# binds (every fetch start books its time in host_rates), and a micro-measure (pgbench, one connection, prepared, for
+# MICRO_SECONDS each) of the statements a fetch start costs on PostgreSQL: a --max-per-host slot taken and given
+# back (two advisory-lock statements) and a --host-rate booking (one INSERT … ON CONFLICT), against SELECT 1.
 # PostgreSQL is a throwaway cluster (scripts/pg-cluster.sh) with fsync on, on the same cores as the servers and
 # the load generator. SCALEOUT_RUNS (default 5) runs, each measuring every configuration once; the section gives
 # the median (min–max) of each figure. Prints a markdown section on stdout; progress goes to stderr.
@@ -16,6 +19,7 @@ cd "$(dirname "$0")/.."
 COMPLETE_SECONDS=${COMPLETE_SECONDS:-15}
 CLIENTS=${CLIENTS:-24}
 RUNS=${SCALEOUT_RUNS:-5}
+MICRO_SECONDS=${MICRO_SECONDS:-10}
 
 if [ -n "${JOBSERVER_BIN:-}" ]; then
     BIN=$JOBSERVER_BIN
@@ -79,7 +83,7 @@ PY
 
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 declare -A rate failed cpu pgcpu pgcommits
-configs=(sqlite pg1 pg2 pg3)
+configs=(sqlite pg1 pg2 pg3 pg3rate)
 # Each run measures every configuration once, in turn, on fresh databases; every figure is kept per run.
 for run in $(seq 1 "$RUNS"); do
 for config in "${configs[@]}"; do
@@ -88,15 +92,19 @@ for config in "${configs[@]}"; do
         db="$tmp/$config-$run.sqlite"
     else
         servers=${config#pg}
+        servers=${servers%rate}
         psql "$url" -qAtc "CREATE DATABASE ${config}_$run" >/dev/null
         db="${url%/*}/${config}_$run"
     fi
     ports=()
     spids=()
+    extra=()
+    # A rate no start waits for: the cost is the booking alone.
+    [ "$config" = pg3rate ] && extra=(--host-rate '127.0.0.1=1000000/s')
     for ((n = 0; n < servers; n++)); do
         port=$(free_port)
         "$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" --log-level error --max-active-jobs 1000000 \
-            --max-per-host 4096 2>>"$tmp/server.log" &
+            --max-per-host 4096 "${extra[@]+"${extra[@]}"}" 2>>"$tmp/server.log" &
         pids+=($!)
         spids+=($!)
         ports+=("$port")
@@ -153,7 +161,7 @@ elif field in ("pgcpu", "commits"):
     print("–" if mine[0][column] == "–" else span([float(r[column]) for r in mine], "%d"))
 elif field == "linear":
     one = statistics.median(float(r[1]) for r in rows if r[0] == "pg1")
-    print("%.1f" % (one * int(config[2:])))
+    print("%.1f" % (one * int(config[2:3])))
 PY
 }
 for config in "${configs[@]}"; do
@@ -164,6 +172,31 @@ for config in "${configs[@]}"; do
     pgcommits[$config]=$(summary "$config" commits)
 done
 linear() { summary "pg$1" linear; }
+
+# micro NAME SQL…: "µs-per-transaction transactions/s" of a pgbench script of the statements, one connection.
+micro_db="${url%/*}/pg1_1"
+micro() {
+    local name="$1" out
+    shift
+    printf '%s\n' "$@" >"$tmp/micro-$name.sql"
+    out=$(pgbench -n -M prepared -c 1 -T "$MICRO_SECONDS" -f "$tmp/micro-$name.sql" "$micro_db" 2>&1) \
+        || { echo "pgbench $name failed: $out" >&2; echo "– –"; return; }
+    python3 - "$out" <<'PY'
+import re, sys
+text = sys.argv[1]
+latency = float(re.search(r"latency average = ([0-9.]+) ms", text).group(1)) * 1000
+tps = float(re.search(r"tps = ([0-9.]+)", text).group(1))
+print("%.0f %.0f" % (latency, tps))
+PY
+}
+read -r us_select tps_select < <(micro select "SELECT 1;")
+read -r us_slot tps_slot < <(micro slot \
+    "SELECT s FROM generate_series(0, 63) AS s WHERE CASE WHEN s = ANY('{}'::int[]) THEN false ELSE pg_try_advisory_lock(76, s) END LIMIT 1;" \
+    "SELECT pg_advisory_unlock(76, 0);")
+now_us="(extract(epoch FROM statement_timestamp()) * 1000000)::bigint"
+read -r us_rate tps_rate < <(micro rate \
+    "INSERT INTO host_rates AS r (host, next_start_us) VALUES ('bench', $now_us + 1) ON CONFLICT (host) DO UPDATE SET next_start_us = GREATEST(r.next_start_us, $now_us) + 1 RETURNING r.next_start_us - 1 - $now_us;")
+echo "micro: SELECT 1 $us_select µs, slot $us_slot µs, rate $us_rate µs" >&2
 
 cat <<MD
 ## Several servers on one PostgreSQL
@@ -183,8 +216,23 @@ Load average when the run began: $load.
 | PostgreSQL, 1 server | ${rate[pg1]} | $(linear 1) | ${failed[pg1]} | ${cpu[pg1]} | ${pgcpu[pg1]} | ${pgcommits[pg1]} |
 | PostgreSQL, 2 servers | ${rate[pg2]} | $(linear 2) | ${failed[pg2]} | ${cpu[pg2]} | ${pgcpu[pg2]} | ${pgcommits[pg2]} |
 | PostgreSQL, 3 servers | ${rate[pg3]} | $(linear 3) | ${failed[pg3]} | ${cpu[pg3]} | ${pgcpu[pg3]} | ${pgcommits[pg3]} |
+| PostgreSQL, 3 servers, \`--host-rate\` booked | ${rate[pg3rate]} | – | ${failed[pg3rate]} | ${cpu[pg3rate]} | ${pgcpu[pg3rate]} | ${pgcommits[pg3rate]} |
 
 All of it shares $(nproc) cores: the servers, PostgreSQL, the fixture upstream and the load generator, so more
 servers cannot add CPU, only spread it; "linear from 1 server" is what N servers would complete if each added
 what one does. Each server's writer commits its own batches, so more servers mean more, smaller commits.
+Every PostgreSQL configuration takes a cross-server \`--max-per-host\` slot per fetch start (advisory locks); the
+last row also books each start in \`host_rates\` for a rate of 1,000,000/s per host, which no start waits for.
+
+What a fetch start costs on PostgreSQL, per statement on one connection (pgbench, prepared, ${MICRO_SECONDS} s each,
+the same cluster, no other load), against a bare round trip:
+
+| statement(s) | µs per round | rounds / s on one connection |
+|---|---|---|
+| \`SELECT 1\` (a round trip) | $us_select | $tps_select |
+| \`--max-per-host\` slot: \`pg_try_advisory_lock\` over 64 slots, then \`pg_advisory_unlock\` (two statements) | $us_slot | $tps_slot |
+| \`--host-rate\` booking: \`INSERT … ON CONFLICT (host) DO UPDATE … RETURNING\` | $us_rate | $tps_rate |
+
+Each server runs its slots and its bookings on one connection each, so these rates bound the fetch starts per
+second of one server to limited hosts; a booking covers up to 20 ms of a host's starts at once.
 MD

@@ -98,6 +98,7 @@ public final class Engine: @unchecked Sendable {
         self.shared = store as? SharedJobStore
         timekeeper.engine = self
         self.fetchQueue.rateLimiter = HostRateLimiter(configuration.hostRates)
+        self.fetchQueue.rateLimiter.booksInStore = store is SharedHostRates
         shared?.attach(self)
     }
 
@@ -756,12 +757,44 @@ public final class Engine: @unchecked Sendable {
     private func beginWithHostSlot(_ ticket: FetchQueue.Ticket, host: String, _ shared: SharedJobStore) {
         shared.acquireHostSlot(host, limit: configuration.maxPerHost) { taken in
             self.queue.async {
-                if taken, !self.shuttingDown, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
+                // Leases in doubt since the fetch began waiting for its slot: another server may be taking the job
+                // over, so the fetch queues again (pumps resume at the next renewal) rather than begins.
+                let hold = shared.leasesHold
+                if taken, hold, !self.shuttingDown, self.runs[ticket.jobID] != nil,
+                    let perSecond = self.fetchQueue.rateLimiter.perSecond(hostKey: host), let rates = shared as? SharedHostRates
+                {
+                    return self.beginAtSharedRate(ticket, host: host, perSecond: perSecond, rates, shared)
+                }
+                if taken, hold, !self.shuttingDown, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
                     return
                 }
-                // No longer wanted (or the store closed): both slots go back.
+                // No longer wanted (or the store closed, or the leases in doubt): both slots go back.
                 self.fetchQueue.finished(host: host)
                 if taken { shared.releaseHostSlot(host) }
+                if taken, !hold, !self.shuttingDown, self.runs[ticket.jobID] != nil { self.fetchQueue.enqueue(ticket, host: host) }
+                self.schedulePump()
+            }
+        }
+    }
+
+    /// With servers sharing a database, a fetch to a host with a `--host-rate` books its start in the store (the
+    /// rate holds over all servers, API.md §10) once it holds both slots, and keeps them while it waits for it.
+    /// On the queue.
+    private func beginAtSharedRate(
+        _ ticket: FetchQueue.Ticket, host: String, perSecond: Double, _ rates: SharedHostRates, _ shared: SharedJobStore
+    ) {
+        rates.awaitHostStart(HostRateLimiter.hostName(of: host), perSecond: perSecond, jobID: ticket.jobID) { heldNs in
+            self.queue.async {
+                if let heldNs { self.fetchQueue.rateWaited(ns: heldNs) }
+                let wanted = heldNs != nil && !self.shuttingDown && self.runs[ticket.jobID] != nil
+                // Leases in doubt since the booking: the fetch queues again, as in `beginWithHostSlot`.
+                let hold = shared.leasesHold
+                if wanted, hold, let run = self.runs[ticket.jobID], run.beginTransfer(ticket.node, host: host) {
+                    return
+                }
+                self.fetchQueue.finished(host: host)
+                shared.releaseHostSlot(host)
+                if wanted, !hold { self.fetchQueue.enqueue(ticket, host: host) }
                 self.schedulePump()
             }
         }
@@ -875,6 +908,7 @@ public final class Engine: @unchecked Sendable {
         for state in NodeState.allCases { nodesByState[state, default: 0] -= run.record.progress[state] }
         if !run.record.state.isSettled { unsettledJobs -= 1 }
         fetchQueue.removeJob(run.id)
+        if !fetchQueue.rateLimiter.isEmpty, let rates = shared as? SharedHostRates { rates.withdrawHostStarts(jobID: run.id) }
         shared?.released(jobID: run.id)
     }
 

@@ -53,6 +53,13 @@ struct FetchQueue {
     private(set) var rateWaitNs: UInt64 = 0
     private(set) var rateLimitedStarts = 0
 
+    /// Counts a start held back `ns` by a rate booked in the shared store (`SharedHostRates`).
+    mutating func rateWaited(ns: UInt64) {
+        guard ns > 0 else { return }
+        rateWaitNs += ns
+        rateLimitedStarts += 1
+    }
+
     init(maxTotal: Int, maxPerHost: Int) {
         self.maxTotal = max(1, maxTotal)
         self.maxPerHost = max(1, maxPerHost)
@@ -72,7 +79,7 @@ struct FetchQueue {
     mutating func next() -> (Ticket, String)? {
         rateDueNs = nil
         guard inFlight < maxTotal, !ring.isEmpty else { return nil }
-        let now: UInt64 = rateLimiter.isEmpty ? 0 : HostRateLimiter.nowNs()
+        let now: UInt64 = rateLimiter.isEmpty || rateLimiter.booksInStore ? 0 : HostRateLimiter.nowNs()
         var tried = 0
         while tried < ring.count {
             if cursor >= ring.count { cursor = 0 }

@@ -53,10 +53,20 @@ struct HostRateLimiter {
 
     var isEmpty: Bool { rates.isEmpty && wildcard == nil }
 
+    /// Set when the servers sharing a database book their starts in it (`SharedHostRates`): `take` then lets
+    /// every start through and the engine books each one with `perSecond(hostKey:)` instead.
+    var booksInStore = false
+
+    /// The rate of `hostKey` (`scheme://host:port`), `nil` when it has none.
+    func perSecond(hostKey: String) -> Double? {
+        guard !isEmpty else { return nil }
+        return rates[HostRateLimiter.hostName(of: hostKey)] ?? wildcard
+    }
+
     /// When a start to `hostKey` (`scheme://host:port`) may happen: `nil` if now (and the start is counted),
     /// else the monotonic time in ns to try again.
     mutating func take(hostKey: String, nowNs: UInt64) -> UInt64? {
-        guard !isEmpty else { return nil }
+        guard !isEmpty, !booksInStore else { return nil }
         let host = HostRateLimiter.hostName(of: hostKey)
         guard let perSecond = rates[host] ?? wildcard else { return nil }
         if let next = nextStartNs[host], next > nowNs { return next }

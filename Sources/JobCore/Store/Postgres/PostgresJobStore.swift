@@ -43,6 +43,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     private let url: String
     private let hostSlots: PostgresHostSlots
     let keyAdmission: PostgresKeyAdmission
+    let hostRates: PostgresHostRates
 
     /// The default of `--lease-ttl` (API.md §10).
     public static let defaultLeaseTtlMs: Int64 = 15_000
@@ -73,6 +74,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         let keyAdmission = PostgresKeyAdmission(readers: readers, owner: leases.owner, logger: logger)
         self.keyAdmission = keyAdmission
         writer.keysWritten = { keys in keyAdmission.request(keys) }
+        self.hostRates = PostgresHostRates(url: url, logger: logger)
         self.writerThread = try StoreThread { writer.run(queue) }
         logger.debug("store opened", ["database": .string("postgresql"), "server": .string(leases.owner)])
     }
@@ -205,6 +207,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         keeper?.stop()
         keyAdmission.close()
         hostSlots.close()
+        hostRates.close()
         queue.close()
         writerThread.join()
         // Everything is written: the jobs still held go to the other servers at their next heartbeat rather

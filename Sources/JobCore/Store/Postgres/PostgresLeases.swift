@@ -254,10 +254,14 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
         let owned = leases.ownedSnapshot
         var seen: [String: (generation: Int64, cancel: Bool)] = [:]
         try PostgresLeases.inChunks(Array(owned.keys)) { chunk in
+            // The rows are locked in id order, as the writer's fence locks them: in another order (a sequential
+            // scan's) the two deadlock, and PostgreSQL takes a second (deadlock_timeout) to break each one, long
+            // enough for the leases to expire under another server while this one still runs their jobs.
             let rows = try db.run(
                 prepared: "lease_renew",
-                "UPDATE jobs SET lease_expires_at = \(PostgresLeases.nowMs) + $2 WHERE lease_owner = $1 "
-                    + "AND id = ANY($3::text[]) RETURNING id, lease_generation, \(PostgresLeases.cancelAsked())",
+                "WITH r AS (SELECT id FROM jobs WHERE lease_owner = $1 AND id = ANY($3::text[]) ORDER BY id FOR UPDATE) "
+                    + "UPDATE jobs j SET lease_expires_at = \(PostgresLeases.nowMs) + $2 FROM r WHERE j.id = r.id "
+                    + "RETURNING j.id, j.lease_generation, \(PostgresLeases.cancelAsked("j."))",
                 [.text(leases.owner), .int(leases.ttlMs), PostgresLeases.array(chunk)])
             for row in PGRows.rows(rows) {
                 guard let id = row.string(0) else { continue }

@@ -202,6 +202,15 @@ enum PostgresSchema {
         END
         $$;
         """,
+        // 4: `--host-rate` over all servers: the earliest time (µs since the epoch, PostgreSQL's clock) each limited
+        // host's next request start may be booked for (`PostgresHostRates`). Unlogged: a booking then commits
+        // without a WAL flush, and a crash of PostgreSQL that empties the table only lets the schedule start anew.
+        """
+        CREATE UNLOGGED TABLE host_rates (
+            host TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+            next_start_us BIGINT NOT NULL
+        );
+        """,
     ]
 
     static var currentVersion: Int { migrations.count }
