@@ -99,7 +99,10 @@ final class PostgresLeases: Sendable {
         state.withLock { $0.validUntilMs = max($0.validUntilMs, until) }
     }
 
-    var hold: Bool { state.withLock { Timestamp.monotonicMs() < $0.validUntilMs } }
+    /// Whether transfers may begin: the leases hold for at least a third of the lease time more. A transfer begun
+    /// now then has that long to end before another server can claim its job: a paused or starved server stops
+    /// beginning fetches two renewals before its jobs can be taken, not at the moment they can.
+    var hold: Bool { state.withLock { Timestamp.monotonicMs() < $0.validUntilMs - ttlMs / 3 } }
 
     /// A PostgreSQL `text[]` literal of `ids`.
     static func array<S: Sequence>(_ ids: S) -> PostgresParameter where S.Element == String {
