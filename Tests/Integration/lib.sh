@@ -452,3 +452,30 @@ raw_status() {
 
 # millis: wall-clock milliseconds, for timing checks.
 millis() { date +%s%3N; }
+
+# Several servers on one PostgreSQL (scaleout*.test.sh). Needs PGDIR (a folder under /tmp) and TTL.
+# start_pg_cluster: a throwaway cluster in $PGDIR (scripts/pg-cluster.sh, fsync off); sets url and psql_.
+start_pg_cluster() {
+  url="$(PG_FSYNC=off bash scripts/pg-cluster.sh start "$PGDIR" 2>"$TMP/pg.err" | tail -1)" \
+    || fail "PostgreSQL did not start: $(cat "$TMP/pg.err")"
+  [[ "$url" == postgres://* ]] || fail "pg-cluster printed no URL: $url $(cat "$TMP/pg.err")"
+}
+psql_() { psql "$url" -qAtX -v ON_ERROR_STOP=1 -c "$1"; }
+
+# start_node N PORT [FLAGS...]: server N on $url (its pid in $TMP/node-N.pid, PGAPPNAME server-N, --lease-ttl
+# $TTL, its log in $TMP/node-N.log) on PORT; waits (at most 20 s) for /healthz.
+start_node() {
+  local n="$1" port="$2" i pid
+  shift 2
+  PGAPPNAME="server-$n" "$JOBSERVER_BIN" serve --host 127.0.0.1 --port "$port" --db "$url" --lease-ttl "$TTL" \
+    --log-level warning "$@" >>"$TMP/node-$n.log" 2>&1 &
+  pid=$!
+  echo "$pid" >"$TMP/node-$n.pid"
+  for ((i = 0; i < 200; i++)); do
+    curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$port/healthz" 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || { echo "server $n exited: $(tail -3 "$TMP/node-$n.log")" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "server $n did not answer /healthz" >&2
+  return 1
+}

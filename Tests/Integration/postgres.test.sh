@@ -23,9 +23,7 @@ _postgres_cleanup() {
 trap _postgres_cleanup EXIT
 
 step "cluster"
-url="$(PG_FSYNC=off bash scripts/pg-cluster.sh start "$PGDIR" 2>"$TMP/pg.err" | tail -1)" \
-  || fail "PostgreSQL did not start: $(cat "$TMP/pg.err")"
-[[ "$url" == postgres://* ]] || fail "pg-cluster printed no URL: $url $(cat "$TMP/pg.err")"
+start_pg_cluster
 log "PostgreSQL at $url"
 
 step "an unreachable database: exit non-zero with the reason"

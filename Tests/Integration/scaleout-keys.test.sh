@@ -28,30 +28,12 @@ _keys_cleanup() {
 trap _keys_cleanup EXIT
 
 step "cluster and three servers"
-url="$(PG_FSYNC=off bash scripts/pg-cluster.sh start "$PGDIR" 2>"$TMP/pg.err" | tail -1)" \
-  || fail "PostgreSQL did not start: $(cat "$TMP/pg.err")"
-[[ "$url" == postgres://* ]] || fail "pg-cluster printed no URL: $url $(cat "$TMP/pg.err")"
-psql_() { psql "$url" -qAtX -v ON_ERROR_STOP=1 -c "$1"; }
+start_pg_cluster
 # Counts the admission passes (calls of jobserver_key_admit) and their time in PostgreSQL.
 psql_ "ALTER SYSTEM SET track_functions = 'pl'" && psql_ "SELECT pg_reload_conf()" >/dev/null \
   || fail "could not turn on function statistics"
 start_upstream
 
-# start_node N PORT: server N (its pid in $TMP/node-N.pid) on PORT; waits for /healthz.
-start_node() {
-  local n="$1" port="$2" i pid
-  "$JOBSERVER_BIN" serve --host 127.0.0.1 --port "$port" --db "$url" --lease-ttl "$TTL" --log-level warning \
-    >>"$TMP/node-$n.log" 2>&1 &
-  pid=$!
-  echo "$pid" >"$TMP/node-$n.pid"
-  for ((i = 0; i < 200; i++)); do
-    curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$port/healthz" 2>/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || { echo "server $n exited: $(tail -3 "$TMP/node-$n.log")" >&2; return 1; }
-    sleep 0.1
-  done
-  echo "server $n did not answer /healthz" >&2
-  return 1
-}
 PORTS=("$(free_port)" "$(free_port)" "$(free_port)")
 for n in 0 1 2; do start_node "$n" "${PORTS[$n]}" || fail "server $n did not start"; done
 log "servers at ${PORTS[*]}"
@@ -62,17 +44,8 @@ python3 - "$KEYS_JOBS" "$UPSTREAM" "${PORTS[@]}" <<'PY' || fail "concurrency_key
 import json, sys, time, urllib.request, urllib.error
 jobs, upstream = int(sys.argv[1]), sys.argv[2]
 nodes = ["http://127.0.0.1:%s" % p for p in sys.argv[3:6]]
-def call(method, url, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read() or b"null")
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"null")
-def fail(message):
-    print(message, file=sys.stderr)
-    sys.exit(1)
+sys.path.insert(0, "Tests/Integration")
+from scaleout_client import call, fail
 def job(name, delay_ms):
     return {"graph": {"type": "fetch", "url": "%s/span/%s?delay_ms=%d" % (upstream, name, delay_ms)},
             "concurrency_key": "acct-7", "concurrency_limit": 2}
@@ -149,17 +122,8 @@ import json, os, signal, sys, time, urllib.request, urllib.error
 upstream = sys.argv[1]
 nodes = ["http://127.0.0.1:%s" % p for p in sys.argv[2:5]]
 victim = int(sys.argv[5])
-def call(method, url, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read() or b"null")
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"null")
-def fail(message):
-    print(message, file=sys.stderr)
-    sys.exit(1)
+sys.path.insert(0, "Tests/Integration")
+from scaleout_client import call, fail
 def submit(n, name, delay_ms):
     status, body = call("POST", nodes[n] + "/v1/jobs", {
         "graph": {"type": "fetch", "url": "%s/span/%s?delay_ms=%d" % (upstream, name, delay_ms)},

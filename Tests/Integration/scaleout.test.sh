@@ -40,29 +40,11 @@ NODE_PIDS=()
 CHAOS_PID=""
 
 step "cluster"
-url="$(PG_FSYNC=off bash scripts/pg-cluster.sh start "$PGDIR" 2>"$TMP/pg.err" | tail -1)" \
-  || fail "PostgreSQL did not start: $(cat "$TMP/pg.err")"
-[[ "$url" == postgres://* ]] || fail "pg-cluster printed no URL: $url $(cat "$TMP/pg.err")"
-psql_() { psql "$url" -qAtX -v ON_ERROR_STOP=1 -c "$1"; }
+start_pg_cluster
 start_upstream
 
-# start_node N PORT: server N (its pid in $TMP/node-N.pid), PGAPPNAME server-N, on PORT; waits for /healthz.
-start_node() {
-  local n="$1" port="$2" i pid
-  PGAPPNAME="server-$n" "$JOBSERVER_BIN" serve --host 127.0.0.1 --port "$port" --db "$url" --lease-ttl "$TTL" --max-per-host 64 \
-    --log-level warning >>"$TMP/node-$n.log" 2>&1 &
-  pid=$!
-  echo "$pid" >"$TMP/node-$n.pid"
-  for ((i = 0; i < 200; i++)); do
-    curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$port/healthz" 2>/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || { echo "server $n exited: $(tail -3 "$TMP/node-$n.log")" >&2; return 1; }
-    sleep 0.1
-  done
-  echo "server $n did not answer /healthz" >&2
-  return 1
-}
 PORTS=("$(free_port)" "$(free_port)" "$(free_port)")
-for n in 0 1 2; do start_node "$n" "${PORTS[$n]}" || fail "server $n did not start"; done
+for n in 0 1 2; do start_node "$n" "${PORTS[$n]}" --max-per-host 64 || fail "server $n did not start"; done
 node() { echo "http://127.0.0.1:${PORTS[$1]}"; }
 log "servers at ${PORTS[*]}"
 
@@ -127,14 +109,8 @@ python3 - "$JOBS" "$UPSTREAM" "$(node 0)" "$(node 1)" "$(node 2)" "$TMP/most.txt
 import json, sys, time, urllib.request, urllib.error
 from concurrent.futures import ThreadPoolExecutor
 jobs, upstream, nodes = int(sys.argv[1]), sys.argv[2], sys.argv[3:6]
-def call(method, url, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read() or b"null")
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read() or b"null")
+sys.path.insert(0, "Tests/Integration")
+from scaleout_client import call
 problems = []
 def check(what, got, want_status, test):
     status, body = got
@@ -208,17 +184,7 @@ RATE_FETCHES=60
 RATE_PORTS=()
 for r in 0 1 2; do
   RATE_PORTS+=("$(free_port)")
-  PGAPPNAME="rate-$r" "$JOBSERVER_BIN" serve --host 127.0.0.1 --port "${RATE_PORTS[$r]}" --db "$url" --lease-ttl "$TTL" \
-    --max-per-host 64 --host-rate "127.0.0.1=$RATE/s" --log-level warning >>"$TMP/node-r$r.log" 2>&1 &
-  echo "$!" >"$TMP/node-r$r.pid"
-done
-for r in 0 1 2; do
-  for ((i = 0; i < 200; i++)); do
-    curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:${RATE_PORTS[$r]}/healthz" 2>/dev/null && break
-    sleep 0.1
-  done
-  curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:${RATE_PORTS[$r]}/healthz" \
-    || fail "rate server $r did not start: $(tail -3 "$TMP/node-r$r.log")"
+  start_node "r$r" "${RATE_PORTS[$r]}" --max-per-host 64 --host-rate "127.0.0.1=$RATE/s" || fail "rate server $r did not start"
 done
 curl -fsS -X POST -o /dev/null "$UPSTREAM/stats/reset"
 rate_ids=()
@@ -281,7 +247,7 @@ done
     # Not this subshell's child (but the first time): wait for it to be gone.
     for ((i = 0; i < 50; i++)); do kill -0 "$victim" 2>/dev/null || break; sleep 0.1; done
     echo "$(date +%s.%N) killed $n" >>"$TMP/chaos.log"
-    start_node "$n" "${PORTS[$n]}" >>"$TMP/chaos.log" 2>&1 || echo "restart of $n failed" >>"$TMP/chaos.log"
+    start_node "$n" "${PORTS[$n]}" --max-per-host 64 >>"$TMP/chaos.log" 2>&1 || echo "restart of $n failed" >>"$TMP/chaos.log"
   done
 ) &
 CHAOS_PID=$!
@@ -354,7 +320,7 @@ wait "$CHAOS_PID" 2>/dev/null || true
 CHAOS_PID=""
 log "kills: $(grep -c killed "$TMP/chaos.log") (${SECONDS}s)"
 for n in 0 1 2; do
-  kill -0 "$(cat "$TMP/node-$n.pid")" 2>/dev/null || start_node "$n" "${PORTS[$n]}" || fail "server $n did not start again"
+  kill -0 "$(cat "$TMP/node-$n.pid")" 2>/dev/null || start_node "$n" "${PORTS[$n]}" --max-per-host 64 || fail "server $n did not start again"
 done
 chaos_py settle "$TMP/accepted.txt" "$(node 0)" "$(node 1)" "$(node 2)" "$CHAOS_SETTLE_S" || fail "not every accepted job succeeded (above)"
 log "every accepted job settled (${SECONDS}s)"
