@@ -25,6 +25,8 @@ final class DeferredListTests: XCTestCase {
         let d = DeferredList([d1, d2], fireOnFirstResult: true)
         XCTAssertTrue(d.isCalled, "DeferredList with results should immediately resolve if fireOnFirstResult is true")
         XCTAssertEqual(d.result as? String, "ok")
+        // d2 never fires: it and the list hold each other until it is abandoned.
+        d2.abandon()
     }
 
     func testFireOnFirstResultAfterCreation() throws {
@@ -42,6 +44,8 @@ final class DeferredListTests: XCTestCase {
         }
         XCTAssertTrue(success, "callback wasn't called on resolved DeferredList")
         XCTAssertEqual(d.result as? String, "ok")
+        // d2 never fires: it and the list hold each other until it is abandoned.
+        d2.abandon()
     }
 
     func testEmptyList() {
@@ -131,6 +135,8 @@ final class DeferredListTests: XCTestCase {
         let d = DeferredList([d1, d2], fireOnFirstError: true)
         XCTAssertTrue(d.isCalled, "DeferredList with errors should immediately resolve if fireOnFirstError is true")
         XCTAssertEqual(value(d.result as? Failure), "ok")
+        // d2 never fires: it and the list hold each other until it is abandoned.
+        d2.abandon()
     }
 
     func testFireOnFirstErrorAfterCreation() throws {
@@ -154,6 +160,8 @@ final class DeferredListTests: XCTestCase {
             return failure
         }
         XCTAssertTrue(success, "errback wasn't called on resolved DeferredList")
+        // d2 never fires: it and the list hold each other until it is abandoned.
+        d2.abandon()
     }
 
     func testConsumeErrors() throws {
@@ -200,6 +208,23 @@ final class DeferredListTests: XCTestCase {
         d.cancel()
         XCTAssertTrue(success, "errback should have run")
         XCTAssertFalse(d1.isCalled, "children are not cancelled unless asked")
+        // Neither child fires: each holds the list through its link until abandoned.
+        d1.abandon()
+        d2.abandon()
+    }
+
+    func testAbandoningAChildThatNeverFiresFreesItAndTheList() {
+        weak var releasedList: DeferredList?
+        weak var releasedChild: Deferred?
+        do {
+            let child = Deferred()
+            let d = DeferredList([child])
+            releasedList = d
+            releasedChild = child
+            child.abandon()
+        }
+        XCTAssertNil(releasedList)
+        XCTAssertNil(releasedChild)
     }
 
     func testCancelDeferredsWhenCancelled() {

@@ -60,6 +60,8 @@ class EngineTestCase: XCTestCase {
         for engine in engines { engine.shutdown(gracePeriodMs: 2000) }
         engines.removeAll()
         try? FileManager.default.removeItem(atPath: directory)
+        directory = ""
+        databases = [:]
     }
 
     /// Runs `sql` on its own connection to the store named `dbName` (damage that only a crash or a bug could do).

@@ -16,6 +16,8 @@ final class FetcherTLSTests: XCTestCase {
     override func tearDown() {
         upstream?.stop()
         tls?.remove()
+        upstream = nil
+        tls = nil
     }
 
     private func fetcher(caFile: String?) throws -> Fetcher {

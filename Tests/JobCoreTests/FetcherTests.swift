@@ -77,6 +77,8 @@ class FetcherTestCase: XCTestCase {
     override func tearDown() {
         fetcher?.shutdown()
         upstream?.stop()
+        fetcher = nil
+        upstream = nil
     }
 }
 

@@ -41,6 +41,11 @@ final class PostgresLeaseTests: XCTestCase {
         databaseURL = try Self.postgres.freshDatabase()
     }
 
+    override func tearDown() {
+        databaseURL = ""
+        super.tearDown()
+    }
+
     private func job(_ id: String, state: NodeState = .pending) -> (JobRecord, [NodeRecord]) {
         var progress = Progress()
         progress.total = 1

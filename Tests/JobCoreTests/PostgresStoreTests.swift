@@ -49,6 +49,11 @@ final class PostgresStoreTests: StoreTests, @unchecked Sendable {  // @unchecked
         databaseURL = try Self.postgres.freshDatabase()
     }
 
+    override func tearDown() {
+        databaseURL = ""
+        super.tearDown()
+    }
+
     override func makeStore() throws -> JobStore {
         try PostgresJobStore(url: databaseURL)
     }
@@ -126,6 +131,11 @@ final class PostgresStoreFailureTests: StoreFailureTests, @unchecked Sendable { 
         databaseURL = try Self.postgres.freshDatabase()
     }
 
+    override func tearDown() {
+        databaseURL = ""
+        super.tearDown()
+    }
+
     override func makeStore() throws -> JobStore {
         try PostgresJobStore(url: databaseURL)
     }
@@ -174,6 +184,11 @@ final class PostgresStoreDurabilityTests: StoreDurabilityTests, @unchecked Senda
         // The child process runs the SQLite class's child test, which opens what it is given.
         if ProcessInfo.processInfo.environment["JOBSERVER_STORE_CHILD_DB"] != nil { return }
         databaseURL = try Self.postgres.freshDatabase()
+    }
+
+    override func tearDown() {
+        databaseURL = ""
+        super.tearDown()
     }
 
     override func makeStore() throws -> JobStore {

@@ -1,4 +1,5 @@
 import Foundation
+import Threads
 import XCTest
 @testable import JobCore
 
@@ -26,8 +27,11 @@ class StoreDurabilityTests: StoreTestCase, @unchecked Sendable {  // @unchecked:
             let bytes = Array((line + "\n").utf8)
             _ = bytes.withUnsafeBytes { write(acks, $0.baseAddress, $0.count) }
         }
+        // Killed once 200 submissions were answered, or 10 s in: a fixed 300 ms saw as few as 4 answered on a
+        // loaded machine under AddressSanitizer, too few to test anything. The other submitters are mid-write then.
+        let answered = Locked(0)
         let killer = DispatchWorkItem { kill(getpid(), SIGKILL) }
-        DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(300), execute: killer)
+        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(10), execute: killer)
         // Several submitters, so that kills land inside group commits too.
         DispatchQueue.concurrentPerform(iterations: 4) { t in
             for i in 0..<100_000 {
@@ -35,6 +39,12 @@ class StoreDurabilityTests: StoreTestCase, @unchecked Sendable {  // @unchecked:
                 let (job, nodes) = makeJob(n, nodes: 10)
                 guard (try? store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil)) != nil else { exit(4) }
                 ack("created \(job.id)")
+                if answered.withLock({ count in
+                    count += 1
+                    return count
+                }) == 200 {
+                    kill(getpid(), SIGKILL)
+                }
                 if i % 10 == 9 {
                     var changed = job
                     changed.version = 2

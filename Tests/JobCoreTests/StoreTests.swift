@@ -28,6 +28,7 @@ class StoreTestCase: XCTestCase, @unchecked Sendable {
             if posix_spawnp(&pid, "rm", nil, nil, &argv, environ) == 0 { waitpid(pid, &status, 0) }
             for p in argv { free(p) }
         }
+        folder = ""
     }
 
     var dbPath: String { folder + "/data/jobs.sqlite" }

@@ -132,6 +132,11 @@ final class PostgresWebhookOutboxTriggerTests: WebhookOutboxTriggerTests, @unche
         databaseURL = try Self.postgres.freshDatabase()
     }
 
+    override func tearDown() {
+        databaseURL = ""
+        super.tearDown()
+    }
+
     override func makeStore() throws -> JobStore {
         try PostgresJobStore(url: databaseURL)
     }

@@ -19,6 +19,8 @@ class AppRouteTests: XCTestCase {
     override func tearDown() {
         harness?.shutdown()
         upstream?.stop()
+        harness = nil
+        upstream = nil
     }
 
     private func restart(_ configure: (inout ServerConfig) -> Void) throws {

@@ -22,6 +22,9 @@ final class CrashRecoveryTests: XCTestCase {
         if let server, server.isRunning { kill(server.processIdentifier, SIGKILL) }
         upstream?.stop()
         try? FileManager.default.removeItem(atPath: directory)
+        server = nil
+        upstream = nil
+        directory = ""
     }
 
     func testKilledServerResumesEveryAcceptedJobKeepingSettledResults() throws {

@@ -66,7 +66,11 @@ final class ExecutableTests: XCTestCase {
     private func waitForExit(_ process: Process, seconds: Double) -> Bool {
         let deadline = Date().addingTimeInterval(seconds)
         while process.isRunning && Date() < deadline { Thread.sleep(forTimeInterval: 0.02) }
-        return !process.isRunning
+        if process.isRunning { return false }
+        // Returns at once now. Foundation's Process stays on this thread's run loop, which holds it (and its
+        // pipes) in a cycle, until waitUntilExit takes it off.
+        process.waitUntilExit()
+        return true
     }
 
     func testBadFlagExits2WithTheReasonOnStderr() throws {

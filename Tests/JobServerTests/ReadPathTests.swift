@@ -23,6 +23,9 @@ final class ReadPathTests: XCTestCase {
         harness?.shutdown()
         upstream?.stop()
         if let dir { try? FileManager.default.removeItem(at: dir) }
+        harness = nil
+        upstream = nil
+        dir = nil
     }
 
     /// Reads the settled job `id` until its answer is in the cache: a job leaves the engine's memory once its last

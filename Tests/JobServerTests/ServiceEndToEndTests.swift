@@ -21,6 +21,9 @@ final class ServiceEndToEndTests: XCTestCase {
         service?.shutdown()
         upstream?.stop()
         if let dir { try? FileManager.default.removeItem(at: dir) }
+        service = nil
+        upstream = nil
+        dir = nil
     }
 
     private func startService(_ configure: (inout ServerConfig) -> Void = { _ in }) throws {

@@ -32,6 +32,9 @@ final class ServiceEventsTests: XCTestCase {
         service?.shutdown()
         upstream?.stop()
         if let dir { try? FileManager.default.removeItem(at: dir) }
+        service = nil
+        upstream = nil
+        dir = nil
     }
 
     /// Runs curl with `arguments`; its standard output once it exits.

@@ -71,11 +71,20 @@ public final class PostgresCluster: @unchecked Sendable {
         process.standardError = FileHandle(forWritingAtPath: base + ".err")
         try process.run()
         process.waitUntilExit()
-        let output = (try? String(contentsOfFile: base + ".out", encoding: .utf8)) ?? ""
-        let errors = (try? String(contentsOfFile: base + ".err", encoding: .utf8)) ?? ""
+        let output = readText(base + ".out")
+        let errors = readText(base + ".err")
         return (
             process.terminationStatus,
             output.trimmingCharacters(in: .whitespacesAndNewlines),
             errors.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    /// The text of a file a command wrote, "" when it is empty or unreadable. An empty file is not handed to
+    /// Foundation: on Linux its reader of a file whose size is 0 (the path swift-foundation#739 added for /proc)
+    /// allocates a 4 KiB buffer and, when nothing is read, returns an empty `Data` without freeing it.
+    private static func readText(_ path: String) -> String {
+        var info = stat()
+        guard stat(path, &info) == 0, info.st_size > 0 else { return "" }
+        return (try? String(contentsOfFile: path, encoding: .utf8)) ?? ""
     }
 }

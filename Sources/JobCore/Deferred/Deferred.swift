@@ -324,6 +324,20 @@ public class Deferred {
         cancellationReplacement = nil
     }
 
+    // MARK: Abandoning
+
+    /// Drops the links, the finalizer and the canceller without running them, for work whose owner gives it up:
+    /// nothing will fire it, or nothing waits for what its chain does. A `DeferredList` and a child that never fires
+    /// hold each other (the list its children, the child the link the list added to it); abandoning the child
+    /// frees both. Does nothing while one of its own links runs.
+    public func abandon() {
+        guard !runningCallbacks else { return }
+        chain = []
+        chainHead = 0
+        finalizer = nil
+        canceller = nil
+    }
+
     // MARK: The loop
 
     /// Runs chains until every Deferred reached is exhausted or paused.

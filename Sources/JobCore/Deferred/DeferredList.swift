@@ -52,6 +52,13 @@ public final class DeferredList: Deferred {
         }
     }
 
+    /// Abandons the list as `Deferred.abandon()` does, and its children with it: a child that never fires (or a
+    /// stand-in for one) would otherwise keep the list through the link the list added to it.
+    public override func abandon() {
+        super.abandon()
+        for child in deferreds { child.abandon() }
+    }
+
     private func childFinished(_ index: Int, _ result: Any?) -> Any? {
         if let inner = result as? Deferred {
             // Fired with a Deferred as its value: record what that one produces instead.

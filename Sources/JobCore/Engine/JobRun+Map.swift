@@ -163,6 +163,11 @@ final class MapRunner {
 
     private var mapID: String { run.graph.nodes[map].id }
 
+    /// The run stops: the list over the copies and its stand-ins hold each other until abandoned (`JobRun.stop`).
+    func abandon() {
+        list?.abandon()
+    }
+
     /// The store answered the expansion's write; on the engine's queue.
     func stored(_ committed: Result<Void, StoreError>, roots: [Int]) {
         guard !run.stopping, !deferred.isCalled else { return }

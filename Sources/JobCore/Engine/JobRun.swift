@@ -396,6 +396,10 @@ final class JobRun: @unchecked Sendable {
         for handle in transfers.values { handle.cancel() }
         transfers.removeAll()
         leaveTransferLayer()
+        // Nothing fires the nodes' Deferreds after this: their links go, and with them the cycles of a list (or a
+        // list window) and the children that never settled, which would otherwise outlive the run.
+        for deferred in deferreds { deferred?.abandon() }
+        for case let runner as MapRunner in runners.values { runner.abandon() }
     }
 
     static func isCancellation(_ failure: Failure) -> Bool {
