@@ -6,29 +6,9 @@ import XCTest
 @testable import JobCore
 
 /// `--host-rate` over several stores on one database, as several servers (API.md §10).
-final class PostgresHostRateTests: XCTestCase {
-    static let postgres = PostgresTestCluster()
-    var databaseURL = ""
-
-    override class func setUp() {
-        super.setUp()
-        postgres.start()
-    }
-
-    override class func tearDown() {
-        postgres.stop()
-        super.tearDown()
-    }
-
-    override func setUpWithError() throws {
-        try super.setUpWithError()
-        databaseURL = try Self.postgres.freshDatabase()
-    }
-
+final class PostgresHostRateTests: PostgresDatabaseTestCase {
     private func value(_ sql: String) throws -> Int64? {
-        let db = try PostgresConnection(url: databaseURL)
-        defer { db.close() }
-        return try db.execute(sql).rows.first?.first.flatMap { $0 }.flatMap { Int64($0) }
+        try raw(sql).first?.first.flatMap { $0 }.flatMap { Int64($0) }
     }
 
     func testStoresBookTheStartsOfAHostOnOneSchedule() throws {

@@ -22,30 +22,7 @@ private final class LeaseEvents: SharedStoreDelegate {
 }
 
 /// Several stores on one database, as several servers (API.md §10): ownership, takeover, fencing, durable cancel.
-final class PostgresLeaseTests: XCTestCase {
-    static let postgres = PostgresTestCluster()
-    var databaseURL = ""
-
-    override class func setUp() {
-        super.setUp()
-        postgres.start()
-    }
-
-    override class func tearDown() {
-        postgres.stop()
-        super.tearDown()
-    }
-
-    override func setUpWithError() throws {
-        try super.setUpWithError()
-        databaseURL = try Self.postgres.freshDatabase()
-    }
-
-    override func tearDown() {
-        databaseURL = ""
-        super.tearDown()
-    }
-
+final class PostgresLeaseTests: PostgresDatabaseTestCase {
     private func job(_ id: String, state: NodeState = .pending) -> (JobRecord, [NodeRecord]) {
         var progress = Progress()
         progress.total = 1
@@ -54,12 +31,6 @@ final class PostgresLeaseTests: XCTestCase {
             id: id, name: "job \(id)", state: state, createdAt: 1_700_000_000_000,
             request: .object(["graph": .object(["type": "fetch"])]), progress: progress)
         return (job, [NodeRecord(jobID: id, id: "root", parent: nil, position: 0, type: "fetch")])
-    }
-
-    private func raw(_ sql: String) throws -> [[String?]] {
-        let db = try PostgresConnection(url: databaseURL)
-        defer { db.close() }
-        return try db.execute(sql).rows
     }
 
     func testTheAcceptingStoreOwnsTheJobAndOthersDoNotResumeIt() throws {

@@ -12,6 +12,7 @@ final class PostgresTestCluster: @unchecked Sendable {
     var startFailure: Error?
 
     func start() {
+        startFailure = nil
         do { cluster = try PostgresCluster.start() } catch { startFailure = error }
     }
 
