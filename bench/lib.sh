@@ -11,8 +11,13 @@ bench_setup() {
 }
 
 _bench_cleanup() {
-    # Children first: nginx's workers outlive a master killed with -9.
-    for p in "${pids[@]}"; do pkill -9 -P "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done
+    # Children first, with the parent stopped: nginx's workers outlive a master killed with -9, and a running
+    # master starts a new worker for each one killed.
+    for p in "${pids[@]}"; do
+        kill -STOP "$p" 2>/dev/null || true
+        pkill -9 -P "$p" 2>/dev/null || true
+        kill -9 "$p" 2>/dev/null || true
+    done
     wait 2>/dev/null || true
     rm -rf "$tmp"
 }
