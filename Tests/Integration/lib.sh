@@ -453,8 +453,29 @@ raw_status() {
 # millis: wall-clock milliseconds, for timing checks.
 millis() { date +%s%3N; }
 
-# Several servers on one PostgreSQL (scaleout*.test.sh). Needs PGDIR (a folder under /tmp) and TTL.
-# start_pg_cluster: a throwaway cluster in $PGDIR (scripts/pg-cluster.sh, fsync off); sets url and psql_.
+# Scripts on PostgreSQL (postgres.test.sh, scaleout*.test.sh).
+# use_pg_cluster: a folder for a throwaway cluster in PGDIR, and an exit trap that stops the servers (the
+# node-N.pid files of start_node, then STARTED_PIDS) before the cluster (a server whose database went away first
+# would wait for it), then runs lib.sh's cleanup with the script's status. A script may define
+# pg_cleanup_first, run first. Nothing in the trap may end it early (set -e is off in it).
+use_pg_cluster() {
+  # Under /tmp itself: as root the cluster runs as `nobody`, who cannot enter $TMP.
+  PGDIR="$(mktemp -d /tmp/jobserver-pg-it.XXXXXX)"
+  trap _pg_cleanup EXIT
+}
+_pg_cleanup() {
+  local rc=$? f pid
+  set +e
+  declare -F pg_cleanup_first >/dev/null && pg_cleanup_first
+  for f in "$TMP"/node-*.pid; do [ -f "$f" ] && _stop_pid "$(cat "$f")" 5; done
+  for pid in "${STARTED_PIDS[@]+"${STARTED_PIDS[@]}"}"; do _stop_pid "$pid" 5; done
+  STARTED_PIDS=()
+  bash scripts/pg-cluster.sh stop "$PGDIR" >/dev/null 2>&1
+  (exit "$rc")
+  _cleanup
+}
+
+# start_pg_cluster: the cluster in $PGDIR (scripts/pg-cluster.sh, fsync off); sets url, for psql_.
 start_pg_cluster() {
   url="$(PG_FSYNC=off bash scripts/pg-cluster.sh start "$PGDIR" 2>"$TMP/pg.err" | tail -1)" \
     || fail "PostgreSQL did not start: $(cat "$TMP/pg.err")"
@@ -462,7 +483,7 @@ start_pg_cluster() {
 }
 psql_() { psql "$url" -qAtX -v ON_ERROR_STOP=1 -c "$1"; }
 
-# start_node N PORT [FLAGS...]: server N on $url (its pid in $TMP/node-N.pid, PGAPPNAME server-N, --lease-ttl
+# start_node N PORT [FLAGS...]: server N on $url (needs TTL) (its pid in $TMP/node-N.pid, PGAPPNAME server-N, --lease-ttl
 # $TTL, its log in $TMP/node-N.log) on PORT; waits (at most 20 s) for /healthz.
 start_node() {
   local n="$1" port="$2" i pid

@@ -7,20 +7,7 @@
 # shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC2119
 source "$(dirname "$0")/lib.sh"
 
-# Under /tmp itself: as root the cluster runs as `nobody`, who cannot enter $TMP.
-PGDIR="$(mktemp -d /tmp/jobserver-pg-it.XXXXXX)"
-# The servers stop before the cluster does (a server whose database went away first would wait for it), then
-# lib.sh's cleanup runs with the script's status; nothing here may end the trap early (set -e is off in it).
-_postgres_cleanup() {
-  local rc=$? pid
-  set +e
-  for pid in "${STARTED_PIDS[@]+"${STARTED_PIDS[@]}"}"; do _stop_pid "$pid" 5; done
-  STARTED_PIDS=()
-  bash scripts/pg-cluster.sh stop "$PGDIR" >/dev/null 2>&1
-  (exit "$rc")
-  _cleanup
-}
-trap _postgres_cleanup EXIT
+use_pg_cluster
 
 step "cluster"
 start_pg_cluster

@@ -14,18 +14,7 @@ source "$(dirname "$0")/lib.sh"
 KEYS_JOBS="${KEYS_JOBS:-60}"
 TTL=2s
 
-PGDIR="$(mktemp -d /tmp/jobserver-pg-keys.XXXXXX)"
-_keys_cleanup() {
-  local rc=$?
-  set +e
-  for f in "$TMP"/node-*.pid; do [ -f "$f" ] && _stop_pid "$(cat "$f")" 5; done
-  for pid in "${STARTED_PIDS[@]+"${STARTED_PIDS[@]}"}"; do _stop_pid "$pid" 5; done
-  STARTED_PIDS=()
-  bash scripts/pg-cluster.sh stop "$PGDIR" >/dev/null 2>&1
-  (exit "$rc")
-  _cleanup
-}
-trap _keys_cleanup EXIT
+use_pg_cluster
 
 step "cluster and three servers"
 start_pg_cluster

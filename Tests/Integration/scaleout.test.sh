@@ -22,20 +22,13 @@ CHAOS_SETTLE_S="${SCALEOUT_CHAOS_SETTLE_S:-120}"
 FETCHES="${SCALEOUT_FETCHES:-20}"
 TTL=2s
 
-PGDIR="$(mktemp -d /tmp/jobserver-pg-it.XXXXXX)"
-_scaleout_cleanup() {
-  local rc=$? pid
-  set +e
+# The chaos loop ends, and a stopped server goes on, before the servers are stopped.
+pg_cleanup_first() {
+  local pid
   [ -n "${CHAOS_PID:-}" ] && kill "$CHAOS_PID" 2>/dev/null && wait "$CHAOS_PID" 2>/dev/null
   for pid in "${NODE_PIDS[@]+"${NODE_PIDS[@]}"}"; do kill -CONT "$pid" 2>/dev/null; done
-  for f in "$TMP"/node-*.pid; do [ -f "$f" ] && _stop_pid "$(cat "$f")" 5; done
-  for pid in "${STARTED_PIDS[@]+"${STARTED_PIDS[@]}"}"; do _stop_pid "$pid" 5; done
-  STARTED_PIDS=()
-  bash scripts/pg-cluster.sh stop "$PGDIR" >/dev/null 2>&1
-  (exit "$rc")
-  _cleanup
 }
-trap _scaleout_cleanup EXIT
+use_pg_cluster
 NODE_PIDS=()
 CHAOS_PID=""
 
