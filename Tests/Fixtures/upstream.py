@@ -339,12 +339,17 @@ class Handler(BaseHTTPRequestHandler):
                         with open("/proc/%s/comm" % pid) as f:
                             if not f.read().startswith(name[:15]):
                                 continue
-                        for fd in os.listdir("/proc/%s/fd" % pid):
+                        fds = os.listdir("/proc/%s/fd" % pid)
+                    except OSError:
+                        continue
+                    for fd in fds:
+                        # A busy client closes descriptors while they are read: one gone must not end the search.
+                        try:
                             if os.readlink("/proc/%s/fd/%s" % (pid, fd)) == target:
                                 self._client_pid = int(pid)
                                 return self._client_pid
-                    except OSError:
-                        continue
+                        except OSError:
+                            continue
         except OSError:
             pass
         return self._client_pid
