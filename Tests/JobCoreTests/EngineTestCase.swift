@@ -98,6 +98,17 @@ class EngineTestCase: XCTestCase {
         }
     }
 
+    /// Submits the job `body` (the JSON of `POST /v1/jobs`), with an idempotency `key` if given; the job created,
+    /// or the one `key` already named.
+    func submit(_ engine: Engine, _ body: String, key: String? = nil) throws -> JobRecord {
+        let json = try JSONValue.parse(body)
+        let spec = try JobSpec.parse(json)
+        switch try engine.submit(spec, request: json, idempotencyKey: key) {
+        case .created(let job), .existing(let job): return job
+        case let other: throw UpstreamError("submit answered \(other)")
+        }
+    }
+
     func makeEngine(
         dbName: String = "jobs.sqlite", configure: (inout EngineConfiguration) -> Void = { _ in }
     ) throws -> Engine {

@@ -11,15 +11,6 @@ class EngineTests: EngineTestCase {
     /// The upstream's URL for `path`, as a JSON string literal.
     func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
 
-    func submit(_ engine: Engine, _ body: String, key: String? = nil) throws -> JobRecord {
-        let json = try JSONValue.parse(body)
-        let spec = try JobSpec.parse(json)
-        switch try engine.submit(spec, request: json, idempotencyKey: key) {
-        case .created(let job), .existing(let job): return job
-        case let other: throw UpstreamError("submit answered \(other)")
-        }
-    }
-
     /// Waits (at most `seconds`) until the job is settled and every node of it too.
     func settled(_ engine: Engine, _ id: String, seconds: Double = 10) throws -> JobRecord {
         let deadline = Date().addingTimeInterval(seconds)

@@ -11,14 +11,6 @@ final class PostgresKeyAdmissionTests: EngineTestCase {
 
     func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
 
-    func submit(_ engine: Engine, _ body: String) throws -> JobRecord {
-        let json = try JSONValue.parse(body)
-        switch try engine.submit(try JobSpec.parse(json), request: json, idempotencyKey: nil) {
-        case .created(let job), .existing(let job): return job
-        case let other: throw UpstreamError("submit answered \(other)")
-        }
-    }
-
     func settled(_ engine: Engine, _ id: String, seconds: Double = 20) throws -> JobRecord {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {

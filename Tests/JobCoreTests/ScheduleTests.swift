@@ -8,15 +8,6 @@ import XCTest
 class ScheduleTests: EngineTestCase {
     func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
 
-    func submit(_ engine: Engine, _ body: String) throws -> JobRecord {
-        let json = try JSONValue.parse(body)
-        let spec = try JobSpec.parse(json)
-        switch try engine.submit(spec, request: json, idempotencyKey: nil) {
-        case .created(let job), .existing(let job): return job
-        case let other: throw UpstreamError("submit answered \(other)")
-        }
-    }
-
     /// Follows the job with long-polls (at most `seconds`) until it and all its nodes are settled.
     func settled(_ engine: Engine, _ id: String, seconds: Double = 15) throws -> JobRecord {
         let deadline = Date().addingTimeInterval(seconds)
