@@ -47,7 +47,6 @@ for i in $(seq 1 "$N"); do
   printf 'url = "%s"\noutput = "/dev/null"\n' "$url" >>"$tmp/curl.conf"
 done
 
-median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.1f", m}'; }
 
 curl_cmd=(curl --parallel --parallel-max "$CONCURRENCY" -s --no-progress-meter -K "$tmp/curl.conf")
 fetch_cmd=("$bench_bin" "$tmp/urls.txt" "$CONCURRENCY")

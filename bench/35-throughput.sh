@@ -74,8 +74,6 @@ for run in $(seq 1 "$RUNS"); do
   kill "$server"; wait "$server" 2>/dev/null || true
 done
 
-median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.1f", m}'; }
-range() { sort -n | awk 'NR==1{lo=$1} {hi=$1} END {printf "%s–%s", lo, hi}'; }
 row() { echo "$(printf '%s\n' "$@" | median) ($(printf '%s\n' "$@" | range))"; }
 done_ms=$(printf '%s\n' "${completed[@]}" | median)
 verdict=$(awk -v r="$done_ms" 'BEGIN{print (r >= 1000) ? "met" : "missed"}')

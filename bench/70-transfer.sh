@@ -47,9 +47,6 @@ start_fixture() {
   echo "$port"
 }
 
-median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.1f", m}'; }
-range() { sort -n | awk 'NR==1{lo=$1} {hi=$1} END {printf "%s–%s", lo, hi}'; }
-ms_since() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e6}'; }
 
 # ------------------------------------------------------------------ 1. HTTPS fan-out
 bash Tests/Fixtures/make-tls.sh "$tmp/tls" >&2

@@ -99,3 +99,10 @@ start_postgres() {
     url=$(bash scripts/pg-cluster.sh start "$pgdir" | tail -1)
     echo "PostgreSQL at $url" >&2
 }
+
+# median / range: of the numbers on stdin, one a line: the median (one decimal), and "min–max".
+median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.1f", m}'; }
+range() { sort -n | awk 'NR==1{lo=$1} {hi=$1} END {printf "%s–%s", lo, hi}'; }
+
+# ms_since NS: milliseconds (one decimal) since NS, a `date +%s%N`.
+ms_since() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e6}'; }
