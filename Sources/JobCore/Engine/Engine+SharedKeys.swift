@@ -20,7 +20,7 @@ extension Engine: KeyAdmissionDelegate {
     /// its key, so that its answer shows its place and it begins at once if it may. `nil` when the store keeps no
     /// keys (SQLite), the job has none, or the pass failed (the job then waits for the next pass).
     func admitSubmitted(_ job: JobRecord) -> (holders: [String], waiting: [String])? {
-        guard let admission = keyAdmission, let key = job.concurrencyKey, job.dueAt == nil else { return nil }
+        guard let key = job.concurrencyKey, job.dueAt == nil, let admission = keyAdmission else { return nil }
         do {
             return try admission.admitNow(key)
         } catch {
