@@ -323,11 +323,6 @@ final class Counter: Sendable {
 
     /// Polls for `finish()`, at most `seconds`.
     func waitUntilFinished(seconds: Double) -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if state.withLock({ $0.finished }) { return true }
-            usleep(5_000)
-        }
-        return state.withLock { $0.finished }
+        TestSupport.eventually(seconds) { state.withLock { $0.finished } }
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import XCTest
 @testable import HTTPServer
+import TestSupport
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -269,12 +270,7 @@ final class HTTPServerLifecycleTests: XCTestCase {
 
     /// Each loop closes its own listener when it sees the shutdown: polls (at most 5 s) until a connect is refused.
     private func waitUntilRefused(_ port: Int) -> Bool {
-        let deadline = Date().addingTimeInterval(5)
-        while Date() < deadline {
-            if (try? RawClient(port: port)) == nil { return true }
-            usleep(10_000)
-        }
-        return false
+        TestSupport.eventually(5) { (try? RawClient(port: port)) == nil }
     }
 
     func testStartingTwiceIsRefusedAndShutdownWithoutStartReturns() throws {

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Threads
 import XCTest
 @testable import HTTPServer
@@ -70,13 +71,10 @@ final class RawClient {
     /// Waits (at most 5 s) until the kernel holds at least `count` received bytes that nobody has read: with a
     /// small receive buffer, proof that the server's writes are backing up.
     func waitForUnreadBytes(_ count: Int32 = 1) -> Bool {
-        let deadline = Date().addingTimeInterval(5)
-        while Date() < deadline {
+        TestSupport.eventually(5) {
             var queued: Int32 = 0
-            if ioctl(fd, UInt(FIONREAD), &queued) == 0, queued >= count { return true }
-            usleep(2_000)
+            return ioctl(fd, UInt(FIONREAD), &queued) == 0 && queued >= count
         }
-        return false
     }
 
     /// Reads more bytes into the buffer; false on EOF, error or timeout.

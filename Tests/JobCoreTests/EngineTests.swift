@@ -43,12 +43,13 @@ class EngineTests: EngineTestCase {
     func waitForNodes(
         _ engine: Engine, _ id: String, seconds: Double = 5, _ condition: ([String: NodeRecord]) -> Bool
     ) throws -> [String: NodeRecord] {
-        let deadline = Date().addingTimeInterval(seconds)
-        repeat {
-            let current = try nodes(engine, id)
-            if condition(current) { return current }
-            Thread.sleep(forTimeInterval: 0.02)
-        } while Date() < deadline
+        var current: [String: NodeRecord] = [:]
+        if try TestSupport.eventually(seconds, {
+            current = try nodes(engine, id)
+            return condition(current)
+        }) {
+            return current
+        }
         throw UpstreamError("the nodes of job \(id) did not reach the expected states within \(seconds) s")
     }
 
@@ -614,13 +615,10 @@ class EngineTests: EngineTestCase {
     // MARK: -
 
     func waitForDisconnect(path: String, seconds: Double = 3) throws -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
+        try TestSupport.eventually(seconds) {
             let list = try upstream.stats()["disconnects"]?.arrayValue ?? []
-            if list.contains(where: { $0["path"]?.stringValue?.hasPrefix(path) == true }) { return true }
-            Thread.sleep(forTimeInterval: 0.05)
+            return list.contains(where: { $0["path"]?.stringValue?.hasPrefix(path) == true })
         }
-        return false
     }
 }
 

@@ -6,10 +6,8 @@ import XCTest
 /// Cancellation reaches transfers in flight at once.
 final class FetcherCancelTests: FetcherTestCase {
     private func waitForActive(_ n: Int) throws {
-        let deadline = Date().addingTimeInterval(5)
-        while try upstream.stats()["active"]?.intValue != n {
-            guard Date() < deadline else { throw UpstreamError("upstream never had \(n) requests in flight") }
-            usleep(5_000)
+        guard try TestSupport.eventually(5, { try upstream.stats()["active"]?.intValue == n }) else {
+            throw UpstreamError("upstream never had \(n) requests in flight")
         }
     }
 

@@ -84,10 +84,8 @@ final class FetcherRetryTests: FetcherTestCase {
     func testCancelDuringBackoffCompletesAtOnce() throws {
         let box = OutcomeBox()
         let handle = fetcher.start(FetchRequest(url: upstream.url("/count/c?fail=5"), retries: 5, retryBackoffMs: 10_000)) { box.set($0) }
-        let deadline = Date().addingTimeInterval(5)
-        while fetcher.stats.backingOff != 1 {
-            guard Date() < deadline else { throw UpstreamError("the first attempt never went into its backoff") }
-            usleep(5_000)
+        guard TestSupport.eventually(5, { fetcher.stats.backingOff == 1 }) else {
+            throw UpstreamError("the first attempt never went into its backoff")
         }
         XCTAssertEqual(try counter("c"), 1)
         handle.cancel()

@@ -131,8 +131,7 @@ final class HTTPCacheEngineTests: EngineTestCase {
             }
             ids.append(job.id)
         }
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline, try ids.contains(where: { try engine.job(id: $0)?.state.isSettled != true }) { usleep(20_000) }
+        _ = try TestSupport.eventually(10) { try ids.allSatisfy { try engine.job(id: $0)?.state.isSettled == true } }
         for id in ids {
             let job = try XCTUnwrap(engine.job(id: id))
             XCTAssertEqual(job.state, .succeeded)
@@ -150,8 +149,7 @@ final class HTTPCacheEngineTests: EngineTestCase {
             let json = try JSONValue.parse(#"{"graph":{"type":"fetch","url":\#(u("/cache/off?cc=max-age=60"))}}"#)
             _ = try engine.submit(try JobSpec.parse(json), request: json, idempotencyKey: nil)
         }
-        let deadline = Date().addingTimeInterval(10)
-        while try requests("off") < 2, Date() < deadline { usleep(20_000) }
+        _ = try TestSupport.eventually(10) { try requests("off") >= 2 }
         XCTAssertEqual(try requests("off"), 2)
         XCTAssertEqual(try engine.metricsNow.transfer.cacheEntries, 0)
     }

@@ -305,8 +305,7 @@ class MapEngineTests: EngineTestCase {
     func testCancellingReachesTheCopies() throws {
         let engine = try makeEngine()
         let job = try submit(engine, idsThenUsers(4, mapFields: #", "concurrency": 2"#, userQuery: #""delay_ms": "5000""#))
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline, try nodes(engine, job.id)["users.0"]?.state != .running { Thread.sleep(forTimeInterval: 0.02) }
+        _ = try TestSupport.eventually(10) { try self.nodes(engine, job.id)["users.0"]?.state == .running }
         _ = try engine.answer("cancel") { done in engine.cancel(id: job.id) { done($0) } }.get()
         let done = try settled(engine, job.id)
         XCTAssertEqual(done.state, .cancelled)
@@ -336,12 +335,10 @@ class MapEngineTests: EngineTestCase {
         let body = idsThenUsers(6, mapFields: #", "concurrency": 1"#, userQuery: #""delay_ms": "150""#)
         var engine = try makeEngine()
         let job = try submit(engine, body)
-        let deadline = Date().addingTimeInterval(10)
         var settledBefore: [String] = []
-        while Date() < deadline {
-            settledBefore = try nodes(engine, job.id).values.filter { $0.id.hasPrefix("users.") && $0.state == .succeeded }.map(\.id)
-            if settledBefore.count >= 2 { break }
-            Thread.sleep(forTimeInterval: 0.02)
+        _ = try TestSupport.eventually(10) {
+            settledBefore = try self.nodes(engine, job.id).values.filter { $0.id.hasPrefix("users.") && $0.state == .succeeded }.map(\.id)
+            return settledBefore.count >= 2
         }
         XCTAssertGreaterThanOrEqual(settledBefore.count, 2)
         engine.shutdown(gracePeriodMs: 2000)

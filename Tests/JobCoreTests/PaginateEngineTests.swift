@@ -28,11 +28,12 @@ class PaginateEngineTests: EngineTestCase {
 
     /// Polls (at most 10 s) until `condition` holds for the root node.
     private func waitForRoot(_ engine: Engine, _ id: String, _ condition: (NodeRecord) -> Bool) throws -> NodeRecord {
-        let deadline = Date().addingTimeInterval(10)
-        repeat {
-            if let node = try engine.nodes(jobID: id, includeResults: false)?.first, condition(node) { return node }
-            Thread.sleep(forTimeInterval: 0.02)
-        } while Date() < deadline
+        var root: NodeRecord?
+        _ = try TestSupport.eventually(10) {
+            root = try engine.nodes(jobID: id, includeResults: false)?.first.flatMap { condition($0) ? $0 : nil }
+            return root != nil
+        }
+        if let root { return root }
         throw UpstreamError("the root of \(id) never reached the awaited condition")
     }
 
@@ -172,10 +173,7 @@ class PaginateEngineTests: EngineTestCase {
         _ = try engine.answer("cancel") { done in engine.cancel(id: job.id) { done($0) } }
         let done = try settled(engine, job.id)
         XCTAssertEqual(done.state, .cancelled)
-        let deadline = Date().addingTimeInterval(5)
-        while Date() < deadline, try upstream.stats()["disconnects"]?.arrayValue?.isEmpty != false {
-            Thread.sleep(forTimeInterval: 0.02)
-        }
+        _ = try TestSupport.eventually(5) { try upstream.stats()["disconnects"]?.arrayValue?.isEmpty == false }
         XCTAssertEqual(try upstream.stats()["disconnects"]?.arrayValue?.count, 1, "page 2 was aborted upstream")
         XCTAssertEqual(try counter("c:3"), 0)
     }

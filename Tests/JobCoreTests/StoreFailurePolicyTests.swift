@@ -2,6 +2,7 @@ import Foundation
 import XCTest
 @testable import JobCore
 import CSQLite
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -95,8 +96,7 @@ final class StoreFailurePolicyTests: StoreTestCase, @unchecked Sendable {  // @u
         try store.flush()
         try other.execute("ROLLBACK")
         // With nothing to retry, the writer's probe finds the disk writable again.
-        let deadline = Date().addingTimeInterval(30)
-        while store.health.degraded && Date() < deadline { usleep(10_000) }
+        _ = TestSupport.eventually(30) { !store.health.degraded }
         XCTAssertFalse(store.health.degraded)
         try create(store, 2)
     }

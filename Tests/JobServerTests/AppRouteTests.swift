@@ -318,12 +318,10 @@ class AppRouteTests: XCTestCase {
 
     /// Polls `/metrics` (at most 5 s) until `count` long-polls are waiting in the engine.
     func waitForLongPolls(_ count: Int) {
-        let deadline = Date().addingTimeInterval(5)
-        while Date() < deadline {
-            if harness.call(.metrics, json: false).text.contains("\njobserver_long_polls_waiting \(count)\n") { return }
-            Thread.sleep(forTimeInterval: 0.01)
+        let waiting = TestSupport.eventually(5) {
+            harness.call(.metrics, json: false).text.contains("\njobserver_long_polls_waiting \(count)\n")
         }
-        XCTFail("\(count) long-polls never waited")
+        XCTAssertTrue(waiting, "\(count) long-polls never waited")
     }
 
     // MARK: Cancel and delete

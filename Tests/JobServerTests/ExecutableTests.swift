@@ -1,5 +1,6 @@
 import Foundation
 import JobCore
+import TestSupport
 import XCTest
 
 /// The `jobserver` binary itself: exit codes, stdout silence, SIGTERM.
@@ -64,9 +65,7 @@ final class ExecutableTests: XCTestCase {
     }
 
     private func waitForExit(_ process: Process, seconds: Double) -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while process.isRunning && Date() < deadline { Thread.sleep(forTimeInterval: 0.02) }
-        if process.isRunning { return false }
+        guard TestSupport.eventually(seconds, { !process.isRunning }) else { return false }
         // Returns at once now. Foundation's Process stays on this thread's run loop, which holds it (and its
         // pipes) in a cycle, until waitUntilExit takes it off.
         process.waitUntilExit()

@@ -147,12 +147,10 @@ final class ServiceEndToEndTests: XCTestCase {
 extension ServiceEndToEndTests {
     /// Polls `/metrics` (at most 10 s) until `count` long-polls are waiting in the engine.
     func waitForLongPolls(_ count: Int) throws {
-        let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline {
-            if try send("GET", "/metrics").text.contains("\njobserver_long_polls_waiting \(count)\n") { return }
-            Thread.sleep(forTimeInterval: 0.01)
+        let waiting = try TestSupport.eventually(10) {
+            try send("GET", "/metrics").text.contains("\njobserver_long_polls_waiting \(count)\n")
         }
-        throw UpstreamError("\(count) long-polls never waited")
+        if !waiting { throw UpstreamError("\(count) long-polls never waited") }
     }
 
     /// 1,000 long-polls on one running job: they hold no thread while they wait, and every one is answered once the

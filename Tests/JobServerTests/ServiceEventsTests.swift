@@ -76,8 +76,7 @@ final class ServiceEventsTests: XCTestCase {
             done.fulfill()
         }.start()
         // Once the stream is open, stop the server.
-        let deadline = Date().addingTimeInterval(10)
-        while (service?.app.eventStreams.count ?? 0) == 0 && Date() < deadline { usleep(10_000) }
+        _ = TestSupport.eventually(10) { (service?.app.eventStreams.count ?? 0) > 0 }
         XCTAssertEqual(service?.app.eventStreams.count, 1)
         service?.shutdown()
         service = nil

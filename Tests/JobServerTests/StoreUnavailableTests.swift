@@ -44,17 +44,16 @@ final class StoreUnavailableTests: XCTestCase {
         try other.execute("ROLLBACK")
 
         // Recovery without a restart: health comes back, and the cancel reaches the file.
-        let deadline = Date().addingTimeInterval(30)
         var healthy = harness.call(.health)
-        while healthy.status != 200 && Date() < deadline {
-            usleep(20_000)
+        _ = TestSupport.eventually(30) {
             healthy = harness.call(.health)
+            return healthy.status == 200
         }
         XCTAssertEqual(healthy.status, 200, healthy.text)
         var stored = try storedState(other, id)
-        while stored != "cancelled" && Date() < deadline {
-            usleep(20_000)
+        _ = try TestSupport.eventually(30) {
             stored = try storedState(other, id)
+            return stored == "cancelled"
         }
         XCTAssertEqual(stored, "cancelled")
         XCTAssertTrue(harness.call(.metrics).text.contains("\njobserver_store_degraded 0\n"))
