@@ -242,6 +242,41 @@ class ResultStorageTests: EngineTestCase {
         XCTAssertEqual(echoed, before.result?.arrayValue?[0]["body"])
     }
 
+    /// An idempotent resubmission answers the stored job with its whole result, and a retry keeps its succeeded
+    /// nodes' whole results (read back from the rows they refer to) for the parent that settles again.
+    func testResubmissionAndRetryReadAssembledResults() throws {
+        let first = try makeEngine(dbName: "results.sqlite")
+        let plain = #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json?size=90"))}]}}"#
+        let done = try settled(first, try submit(first, plain, key: "again").id)
+        XCTAssertEqual(done.state, .succeeded)
+        let failing = try submit(first, """
+            {"graph":{"type":"sequence","children":[
+              {"id":"a","type":"list","children":[{"type":"fetch","url":\(u("/json?size=80"))},{"type":"fetch","url":\(u("/text"))}]},
+              {"type":"fetch","url":\(u("/count/retry?fail=1"))}]}}
+            """)
+        XCTAssertEqual(try settled(first, failing.id).state, .failed)
+        let a = try XCTUnwrap(try first.node(jobID: failing.id, nodeID: "a"))
+        first.shutdown(gracePeriodMs: 2000)
+        engines.removeAll()
+
+        let second = try makeEngine(dbName: "results.sqlite")
+        let existing = try submit(second, plain, key: "again")
+        XCTAssertEqual(existing.id, done.id)
+        XCTAssertEqual(existing.result, done.result)
+        guard case .retrying = try second.answer("retry", { finished in second.retry(id: failing.id) { finished($0) } }).get() else {
+            return XCTFail("the failed job was not retried")
+        }
+        let retried = try settled(second, failing.id)
+        XCTAssertEqual(retried.state, .succeeded)
+        XCTAssertEqual(retried.result?.arrayValue?[0], a.result)
+        XCTAssertEqual(retried.result?.arrayValue?[1]["body"]?["count"], 2)
+        second.shutdown(gracePeriodMs: 2000)
+        engines.removeAll()
+
+        let third = try makeEngine(dbName: "results.sqlite")
+        XCTAssertEqual(try third.job(id: failing.id)?.result, retried.result)
+    }
+
     // MARK: - Bytes
 
     /// Bytes stored for lists of 1 KiB JSON fetches, one level and three levels deep: the result rows hold

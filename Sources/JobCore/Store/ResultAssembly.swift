@@ -76,25 +76,22 @@ enum ResultAssembly {
         return .object([JSONMember("error", child.error?.json ?? .null)])
     }
 
-    /// The body as the fetcher read it from `raw` (`BodyDecoder.decode`): `json` parsed with the same parser and
-    /// depth limit, `text` the UTF-8 string, `base64` encoded.
+    /// The body as the fetcher read it from `raw`: `BodyDecoder.decode` itself, asked for the encoding the result
+    /// names (`json` parsed with the fetcher's parser and depth limit, `text` the UTF-8 string, `base64` encoded),
+    /// so that the two cannot drift apart.
     static func body(_ raw: [UInt8], encoding: String) throws -> JSONValue {
+        let expect: FetchExpect
         switch encoding {
-        case "json":
-            do {
-                return try JSONValue.parse(raw)
-            } catch {
-                throw StoreError(.corrupt, "stored response body is not the JSON its result was read from: \(error)")
-            }
-        case "text":
-            guard let text = String(validating: raw, as: UTF8.self) else {
-                throw StoreError(.corrupt, "stored response body is not the UTF-8 text its result was read from")
-            }
-            return .string(text)
-        case "base64":
-            return .string(Base64.encode(raw))
-        default:
-            throw StoreError(.corrupt, "stored result has an unknown body_encoding \(encoding)")
+        case "json": expect = .json
+        case "text": expect = .text
+        case "base64": expect = .bytes
+        default: throw StoreError(.corrupt, "stored result has an unknown body_encoding \(encoding)")
+        }
+        switch BodyDecoder.decode(raw, contentType: nil, expect: expect) {
+        case .value(let (value, decodedAs)) where decodedAs == encoding:
+            return value
+        case .value, .invalidJSON:
+            throw StoreError(.corrupt, "the stored response body does not read as the \(encoding) its result was read from")
         }
     }
 
