@@ -217,7 +217,10 @@ final class JobRun: @unchecked Sendable {
         }
         switch outcome.result {
         case .success(let response):
-            _ = try? d.takeResult(response.json)
+            let json = response.json
+            _ = try? d.takeResult(json)
+            // Settled by now (the chain runs at once): its result may be stored without the body it repeats.
+            markBodyResult(i, response, json: json, stored: outcome.lastResponse)
         case .failure(var error):
             error.node = nodeID
             _ = try? d.takeError(error)
@@ -317,9 +320,12 @@ final class JobRun: @unchecked Sendable {
             state = error.kind == .cancelled ? .cancelled : .failed
             nodes[i].error = error
             nodes[i].result = nil
+            nodes[i].resultSource = nil
         } else {
             state = .succeeded
-            nodes[i].result = (result as? JSONValue) ?? .null
+            let value = (result as? JSONValue) ?? .null
+            nodes[i].result = value
+            nodes[i].resultSource = storedResultSource(i, result: value)
             nodes[i].error = nil
         }
         nodes[i].finishedAt = now
@@ -334,6 +340,7 @@ final class JobRun: @unchecked Sendable {
         record.state = nodes[0].state
         record.finishedAt = nodes[0].finishedAt ?? Timestamp.nowMs()
         record.result = nodes[0].state == .succeeded ? nodes[0].result : nil
+        record.resultSource = record.result == nil ? nil : .child(0)
         record.error = nodes[0].state == .succeeded ? nil : nodes[0].error
         dirtyJob = true
         engine.jobStateChanged(self)
@@ -423,6 +430,7 @@ extension NodeRecord {
         state = .cancelled
         finishedAt = nowMs
         result = nil
+        resultSource = nil
         error = NodeError(.cancelled, reason, node: id)
     }
 }

@@ -97,6 +97,8 @@ public struct JobRecord: Equatable, Sendable {
     /// The `notify` webhook's delivery (API.md §8), when read from the outbox; `nil` for a live record, whose
     /// delivery is pending if its request has a `notify`.
     public var notify: NotifyStatus? = nil
+    /// Storage only: where the store may take `result` from rather than write it again (the root's result).
+    public var resultSource: ResultSource? = nil
 
     public init(
         id: String, name: String? = nil, state: NodeState = .pending, createdAt: Int64, startedAt: Int64? = nil,
@@ -143,6 +145,9 @@ public struct NodeRecord: Equatable, Sendable {
     public var request: JSONValue? = nil
     /// For a paginated fetch that has started: the pages fetched so far (API.md §7.2).
     public var pages: Int? = nil
+    /// Storage only: where the store may take `result` from rather than write it again (its children's results,
+    /// or the stored response body); set by the engine when the node succeeds, read back from `result_ref`.
+    public var resultSource: ResultSource? = nil
 
     public init(
         jobID: String, id: String, parent: String?, position: Int, type: String, state: NodeState = .pending,

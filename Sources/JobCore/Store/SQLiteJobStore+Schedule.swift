@@ -32,7 +32,12 @@ extension SQLiteJobStore {
                 var nodes: [NodeRecord] = []
                 do {
                     while try nodeStatement.step() { nodes.append(try Rows.node(nodeStatement)) }
-                    found.append((job, nodes))
+                    nodeStatement.reset()
+                    // A retried job that waits for its time keeps its succeeded nodes, with their whole results.
+                    var assembled = job
+                    try Rows.assemble(&nodes, jobID: job.id, db: db)
+                    try ResultAssembly.assemble(&assembled, nodes: nodes)
+                    found.append((assembled, nodes))
                 } catch let error as StoreError {
                     skipped.append(UnreadableJob(job: job, error: error))
                 }

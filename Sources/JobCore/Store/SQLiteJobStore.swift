@@ -192,23 +192,31 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     // MARK: Reads
 
-    /// Reads the job on a reader connection.
+    /// Reads the job on a reader connection; a result that refers to its root's is assembled from the node rows
+    /// of the same snapshot.
     public func job(id: String) throws -> JobRecord? {
-        try readers.with { db in
-            let statement = try db.prepare("SELECT \(Columns.job) FROM jobs WHERE id = ?1")
-            defer { statement.reset() }
-            statement.bind(1, id)
-            return try statement.step() ? try Rows.job(statement) : nil
-        }
+        try readJob(id: id, columns: Columns.job)
     }
 
     /// Reads the job without its `request` column.
     public func jobWithoutRequest(id: String) throws -> JobRecord? {
+        try readJob(id: id, columns: Columns.shownJob)
+    }
+
+    private func readJob(id: String, columns: String) throws -> JobRecord? {
         try readers.with { db in
-            let statement = try db.prepare("SELECT \(Columns.shownJob) FROM jobs WHERE id = ?1")
-            defer { statement.reset() }
+            try db.execute("BEGIN")
+            defer { try? db.execute("COMMIT") }
+            let statement = try db.prepare("SELECT \(columns) FROM jobs WHERE id = ?1")
             statement.bind(1, id)
-            return try statement.step() ? try Rows.job(statement) : nil
+            let found: JobRecord?
+            do {
+                defer { statement.reset() }
+                found = try statement.step() ? try Rows.job(statement) : nil
+            }
+            guard var job = found else { return nil }
+            try Rows.assembleResult(of: &job, db: db)
+            return job
         }
     }
 
@@ -256,27 +264,41 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
-    /// Reads a job's nodes in position order.
+    /// Reads a job's nodes in position order; with results, those that refer to others are assembled from the
+    /// rows of the same snapshot.
     public func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord] {
         let columns = includeResults ? Columns.node : Columns.nodeWithoutResult
         return try readers.with { db in
+            if includeResults { try db.execute("BEGIN") }
+            defer { if includeResults { try? db.execute("COMMIT") } }
             let statement = try db.prepare("SELECT \(columns) FROM nodes WHERE job_id = ?1 ORDER BY position")
-            defer { statement.reset() }
-            statement.bind(1, jobID)
             var nodes: [NodeRecord] = []
-            while try statement.step() { nodes.append(try Rows.node(statement)) }
+            do {
+                defer { statement.reset() }
+                statement.bind(1, jobID)
+                while try statement.step() { nodes.append(try Rows.node(statement)) }
+            }
+            if includeResults { try Rows.assemble(&nodes, jobID: jobID, db: db) }
             return nodes
         }
     }
 
-    /// Reads one node with its result.
+    /// Reads one node with its result (assembled from its subtree's rows when it refers to them).
     public func node(jobID: String, nodeID: String) throws -> NodeRecord? {
         try readers.with { db in
+            try db.execute("BEGIN")
+            defer { try? db.execute("COMMIT") }
             let statement = try db.prepare("SELECT \(Columns.node) FROM nodes WHERE job_id = ?1 AND id = ?2")
-            defer { statement.reset() }
-            statement.bind(1, jobID)
-            statement.bind(2, nodeID)
-            return try statement.step() ? try Rows.node(statement) : nil
+            let found: NodeRecord?
+            do {
+                defer { statement.reset() }
+                statement.bind(1, jobID)
+                statement.bind(2, nodeID)
+                found = try statement.step() ? try Rows.node(statement) : nil
+            }
+            guard var node = found else { return nil }
+            try Rows.assembleResult(of: &node, db: db)
+            return node
         }
     }
 
@@ -325,12 +347,23 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
                 for job in jobs { if let error = badNodes[job.id] { skipped.append(UnreadableJob(job: job, error: error)) } }
                 jobs.removeAll { badNodes[$0.id] != nil }
             }
-            return jobs.map { job in
-                var nodes = byJob[job.id] ?? []
+            var out: [(job: JobRecord, nodes: [NodeRecord])] = []
+            out.reserveCapacity(jobs.count)
+            for var job in jobs {
+                var nodes = byJob.removeValue(forKey: job.id) ?? []
                 let inOrder = zip(nodes, nodes.dropFirst()).allSatisfy { $0.position < $1.position }
                 if !inOrder { nodes.sort { $0.position < $1.position } }
-                return (job: job, nodes: nodes)
+                // Settled nodes get their whole results, for their parents and for references to them.
+                do {
+                    try Rows.assemble(&nodes, jobID: job.id, db: db)
+                    try ResultAssembly.assemble(&job, nodes: nodes)
+                } catch let error as StoreError where error.kind == .corrupt {
+                    skipped.append(UnreadableJob(job: job, error: error))
+                    continue
+                }
+                out.append((job: job, nodes: nodes))
             }
+            return out
         }
     }
 
@@ -838,8 +871,8 @@ final class StoreWriter: @unchecked Sendable {
         let insert = try db.prepare(SQL.insertJob)
         Rows.bind(job, to: insert)
         insert.bind(19, json: job.request)
-        insert.bind(26, request.idempotencyKey)
-        insert.bind(27, request.requestHash)
+        insert.bind(27, request.idempotencyKey)
+        insert.bind(28, request.requestHash)
         try insert.run()
         if db.changes == 0 {
             // ON CONFLICT (idempotency_key) DO NOTHING: the key is taken.
@@ -850,8 +883,10 @@ final class StoreWriter: @unchecked Sendable {
             defer { lookup.reset() }
             lookup.bind(1, key)
             guard try lookup.step() else { throw StoreError(.io, "idempotency key \(key) is taken by no job") }
-            let existing = try Rows.job(lookup)
+            var existing = try Rows.job(lookup)
             let hash = lookup.string(Columns.jobCount)
+            lookup.reset()
+            try Rows.assembleResult(of: &existing, db: db)
             return hash == request.requestHash ? .existing(existing) : .conflict(existing)
         }
         let insertNode = try db.prepare(SQL.insertNode)
@@ -1035,27 +1070,27 @@ final class ReaderPool: @unchecked Sendable {
 enum Columns {
     static let job = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, request, "
-        + Columns.schedule
+        + Columns.schedule + ", result_ref"
     /// Listings leave out the two columns that may be large.
     static let listedJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, NULL, NULL, "
-        + Columns.schedule
+        + Columns.schedule + ", NULL"
     /// What reads show: `request`, which may be large and is only needed to rebuild a job, is left out but for
     /// its `input` (SQLite picks it out, so the request is never parsed in Swift): the `request` of a job read so
     /// is `{"input": …}` when it was given one, else `null`.
     static let shownJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, "
         + "CASE WHEN NOT json_valid(request) THEN NULL WHEN json_type(request, '$.input') IS NULL THEN NULL "
-        + "ELSE json_object('input', json(request -> '$.input')) END, " + Columns.schedule
+        + "ELSE json_object('input', json(request -> '$.input')) END, " + Columns.schedule + ", result_ref"
     /// How many columns `job` has.
-    static let jobCount: Int32 = 25
+    static let jobCount: Int32 = 26
     /// API.md §8, columns 19–24 of `job`.
     static let schedule = "not_before, due_at, concurrency_key, concurrency_limit, attempt, retried_at"
 
     static let node = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, elapsed_ms, "
-        + "status, recovered, error, result, request, pages"
+        + "status, recovered, error, result, request, pages, result_ref"
     static let nodeWithoutResult = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, "
-        + "elapsed_ms, status, recovered, error, NULL, request, pages"
+        + "elapsed_ms, status, recovered, error, NULL, request, pages, NULL"
 
     /// `columns` with each name qualified by `table`.
     static func prefixed(_ table: String, _ columns: String) -> String {
@@ -1065,18 +1100,18 @@ enum Columns {
 
 enum SQL {
     static let insertJob = "INSERT INTO jobs (\(Columns.job), idempotency_key, request_hash) VALUES ("
-        + (1...27).map { "?\($0)" }.joined(separator: ", ") + ") ON CONFLICT (idempotency_key) DO NOTHING"
+        + (1...28).map { "?\($0)" }.joined(separator: ", ") + ") ON CONFLICT (idempotency_key) DO NOTHING"
     /// Everything but `request`, which never changes.
     static let updateJob = "UPDATE jobs SET name = ?2, state = ?3, created_at = ?4, started_at = ?5, finished_at = ?6, "
         + "deadline_ms = ?7, version = ?8, p_total = ?9, p_pending = ?10, p_running = ?11, p_succeeded = ?12, "
         + "p_failed = ?13, p_cancelled = ?14, p_skipped = ?15, error = ?16, metadata = ?17, result = ?18, "
         + "not_before = ?20, due_at = ?21, concurrency_key = ?22, concurrency_limit = ?23, attempt = ?24, "
-        + "retried_at = ?25 WHERE id = ?1"
+        + "retried_at = ?25, result_ref = ?26 WHERE id = ?1"
     static let insertNode = "INSERT INTO nodes (\(Columns.node)) VALUES ("
-        + (1...16).map { "?\($0)" }.joined(separator: ", ") + ")"
+        + (1...17).map { "?\($0)" }.joined(separator: ", ") + ")"
     static let updateNode = "UPDATE nodes SET id = ?3, parent = ?4, type = ?5, state = ?6, attempts = ?7, "
         + "started_at = ?8, finished_at = ?9, elapsed_ms = ?10, status = ?11, recovered = ?12, error = ?13, "
-        + "result = ?14, request = ?15, pages = ?16 WHERE job_id = ?1 AND position = ?2"
+        + "result = ?14, request = ?15, pages = ?16, result_ref = ?17 WHERE job_id = ?1 AND position = ?2"
     /// Bodies of deleted jobs are not kept.
     static let upsertBody = "INSERT OR REPLACE INTO bodies (job_id, node_id, content_type, bytes) "
         + "SELECT ?1, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM jobs WHERE id = ?1)"
@@ -1103,7 +1138,7 @@ enum Rows {
     /// bounds the work on a damaged file.
     static let maxJSONDepth = Limits.storedJSONDepth
 
-    /// Binds parameters 1–18 (every column but `request`).
+    /// Binds parameters 1–18 and 20–26 (every column but `request`).
     static func bind(_ job: JobRecord, to statement: SQLiteStatement) {
         statement.bind(1, job.id)
         statement.bind(2, job.name)
@@ -1118,7 +1153,9 @@ enum Rows {
         for (k, state) in NodeState.allCases.enumerated() { statement.bind(Int32(10 + k), job.progress[state]) }
         statement.bind(16, json: job.error?.json)
         statement.bind(17, json: job.metadata)
-        statement.bind(18, json: job.result)
+        let result = ResultAssembly.stored(job.result, job.resultSource)
+        statement.bind(18, json: result.result)
+        statement.bind(26, result.ref)
         statement.bind(20, job.notBefore)
         statement.bind(21, job.dueAt)
         statement.bind(22, job.concurrencyKey)
@@ -1161,10 +1198,11 @@ enum Rows {
         job.concurrencyLimit = s.optionalInt(22)
         job.attempt = max(1, s.int(23))
         job.retriedAt = s.optionalInt64(24)
+        job.resultSource = try ResultSource(code: s.optionalInt(25))
         return job
     }
 
-    /// Binds parameters 1–15.
+    /// Binds parameters 1–17.
     static func bind(_ node: NodeRecord, jobID: String, to statement: SQLiteStatement) {
         statement.bind(1, jobID)
         statement.bind(2, node.position)
@@ -1179,7 +1217,9 @@ enum Rows {
         statement.bind(11, node.status)
         statement.bind(12, node.recovered)
         statement.bind(13, json: node.error?.json)
-        statement.bind(14, json: node.result)
+        let result = ResultAssembly.stored(node.result, node.resultSource)
+        statement.bind(14, json: result.result)
+        statement.bind(17, result.ref)
         statement.bind(15, json: node.request)
         statement.bind(16, node.pages)
     }
@@ -1195,6 +1235,7 @@ enum Rows {
             recovered: s.int64(11) != 0, result: try s.json(13, maxDepth: maxJSONDepth))
         node.request = try s.json(14, maxDepth: maxJSONDepth)
         node.pages = s.optionalInt(15)
+        node.resultSource = try ResultSource(code: s.optionalInt(16))
         return node
     }
 

@@ -130,6 +130,13 @@ enum StoreSchema {
         """,
         // 7: the private HTTP cache of `cache: "use"` fetches (API.md §9), `HTTPCache.schema`.
         HTTPCache.schema,
+        // 8: results stored once (`ResultSource`): `result_ref` says where a row's result comes from when its
+        // `result` column does not hold it all — its children's results, its root's, or the stored response body.
+        // NULL: `result` is the whole result, as in every row written before.
+        """
+        ALTER TABLE jobs ADD COLUMN result_ref INTEGER;
+        ALTER TABLE nodes ADD COLUMN result_ref INTEGER;
+        """,
     ]
 
     /// The version a fully migrated database has.

@@ -229,16 +229,26 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     // MARK: Reads
 
     public func job(id: String) throws -> JobRecord? {
-        try readers.with { db in
-            let rows = try db.run(prepared: "job", "SELECT \(PGRows.job) FROM jobs WHERE id = $1", [.text(id)])
-            return try PGRows.rows(rows).first.map { try PGRows.job($0) }
-        }
+        try readJob(id: id, shown: false)
     }
 
     public func jobWithoutRequest(id: String) throws -> JobRecord? {
-        try readers.with { db in
+        try readJob(id: id, shown: true)
+    }
+
+    /// The job row; a result that refers to its root's is assembled from the node rows of the same snapshot
+    /// (read in one only then, so that a job without one costs one round trip as before).
+    private func readJob(id: String, shown: Bool) throws -> JobRecord? {
+        let first = try readers.with { db in
             let rows = try db.run(prepared: "job", "SELECT \(PGRows.job) FROM jobs WHERE id = $1", [.text(id)])
-            return try PGRows.rows(rows).first.map { try PGRows.job($0, shown: true) }
+            return try PGRows.rows(rows).first.map { try PGRows.job($0, shown: shown) }
+        }
+        guard let first, ResultAssembly.needsNodes(first) else { return first }
+        return try readers.snapshot { db in
+            let rows = try db.run(prepared: "job", "SELECT \(PGRows.job) FROM jobs WHERE id = $1", [.text(id)])
+            guard var job = try PGRows.rows(rows).first.map({ try PGRows.job($0, shown: shown) }) else { return nil }
+            try PGRows.assembleResult(of: &job, db: db)
+            return job
         }
     }
 
@@ -279,20 +289,35 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
 
     public func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord] {
         let columns = includeResults ? PGRows.node : PGRows.nodeWithoutResult
-        return try readers.with { db in
+        let read = { (db: PostgresConnection) throws -> [NodeRecord] in
             let rows = try db.run(
                 prepared: "nodes_\(includeResults)", "SELECT \(columns) FROM nodes WHERE job_id = $1 ORDER BY position",
                 [.text(jobID)])
             return try PGRows.rows(rows).map(PGRows.node)
         }
+        let first = try readers.with(read)
+        guard includeResults, first.contains(where: { $0.resultSource != nil }) else { return first }
+        // Results that refer to others are assembled from rows (and bodies) of one snapshot.
+        return try readers.snapshot { db in
+            var nodes = try read(db)
+            try PGRows.assemble(&nodes, jobID: jobID, db: db)
+            return nodes
+        }
     }
 
     public func node(jobID: String, nodeID: String) throws -> NodeRecord? {
-        try readers.with { db in
+        let read = { (db: PostgresConnection) throws -> NodeRecord? in
             let rows = try db.run(
                 prepared: "node", "SELECT \(PGRows.node) FROM nodes WHERE job_id = $1 AND id = $2",
                 [.text(jobID), .text(nodeID)])
             return try PGRows.rows(rows).first.map(PGRows.node)
+        }
+        let first = try readers.with(read)
+        guard let found = first, found.resultSource != nil else { return first }
+        return try readers.snapshot { db in
+            guard var node = try read(db) else { return nil }
+            try PGRows.assembleResult(of: &node, db: db)
+            return node
         }
     }
 
@@ -377,7 +402,21 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
                 for job in jobs { if let error = badNodes[job.id] { skipped.append(UnreadableJob(job: job, error: error)) } }
                 jobs.removeAll { badNodes[$0.id] != nil }
             }
-            return jobs.map { (job: $0, nodes: byJob[$0.id] ?? []) }
+            var out: [(job: JobRecord, nodes: [NodeRecord])] = []
+            out.reserveCapacity(jobs.count)
+            for var job in jobs {
+                var nodes = byJob.removeValue(forKey: job.id) ?? []
+                // Settled nodes get their whole results, for their parents and for references to them.
+                do {
+                    try PGRows.assemble(&nodes, jobID: job.id, db: db)
+                    try ResultAssembly.assemble(&job, nodes: nodes)
+                } catch let error as StoreError where error.kind == .corrupt {
+                    skipped.append(UnreadableJob(job: job, error: error))
+                    continue
+                }
+                out.append((job: job, nodes: nodes))
+            }
+            return out
         }
     }
 
@@ -463,7 +502,12 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
                     let nodeRows = try db.run(
                         prepared: "nodes_true", "SELECT \(PGRows.node) FROM nodes WHERE job_id = $1 ORDER BY position",
                         [.text(job.id)])
-                    found.append((job, try PGRows.rows(nodeRows).map(PGRows.node)))
+                    var nodes = try PGRows.rows(nodeRows).map(PGRows.node)
+                    // A retried job that waits for its time keeps its succeeded nodes, with their whole results.
+                    var assembled = job
+                    try PGRows.assemble(&nodes, jobID: job.id, db: db)
+                    try ResultAssembly.assemble(&assembled, nodes: nodes)
+                    found.append((assembled, nodes))
                 } catch let error as StoreError where error.kind == .corrupt {
                     skipped.append(UnreadableJob(job: job, error: error))
                 }

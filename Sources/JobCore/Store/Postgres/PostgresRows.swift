@@ -3,40 +3,42 @@
 enum PGRows {
     static let job = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, request, "
-        + "not_before, due_at, concurrency_key, concurrency_limit, attempt, retried_at"
+        + "not_before, due_at, concurrency_key, concurrency_limit, attempt, retried_at, result_ref"
     /// Listings leave out the two columns that may be large.
     static let listedJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, NULL, NULL, "
-        + "not_before, due_at, concurrency_key, concurrency_limit, attempt, retried_at"
-    static let jobCount = 25
+        + "not_before, due_at, concurrency_key, concurrency_limit, attempt, retried_at, NULL"
+    static let jobCount = 26
 
     static let node = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, elapsed_ms, "
-        + "status, recovered, error, result, request, pages"
+        + "status, recovered, error, result, request, pages, result_ref"
     static let nodeWithoutResult = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, "
-        + "elapsed_ms, status, recovered, error, NULL, request, pages"
+        + "elapsed_ms, status, recovered, error, NULL, request, pages, NULL"
 
     static func prefixed(_ table: String, _ columns: String) -> String {
         Columns.prefixed(table, columns)
     }
 
     static let insertJob = "INSERT INTO jobs (\(job), idempotency_key, request_hash) VALUES ("
-        + (1...27).map { "$\($0)" }.joined(separator: ", ") + ") ON CONFLICT (idempotency_key) DO NOTHING"
+        + (1...28).map { "$\($0)" }.joined(separator: ", ") + ") ON CONFLICT (idempotency_key) DO NOTHING"
     /// Everything but `request`, which never changes: the job's parameters without the 19th.
     static let updateJob = "UPDATE jobs SET name = $2, state = $3, created_at = $4, started_at = $5, finished_at = $6, "
         + "deadline_ms = $7, version = $8, p_total = $9, p_pending = $10, p_running = $11, p_succeeded = $12, "
         + "p_failed = $13, p_cancelled = $14, p_skipped = $15, error = $16, metadata = $17, result = $18, "
         + "not_before = $19, due_at = $20, concurrency_key = $21, concurrency_limit = $22, attempt = $23, "
-        + "retried_at = $24 WHERE id = $1"
-    /// `count` rows of 16 parameters each.
+        + "retried_at = $24, result_ref = $25 WHERE id = $1"
+    /// `count` rows of `nodeParameters` parameters each.
     static func insertNodes(count: Int) -> String {
         let rows = (0..<max(1, count)).map { row in
-            "(" + (1...16).map { "$\(row * 16 + $0)" }.joined(separator: ", ") + ")"
+            "(" + (1...nodeParameters).map { "$\(row * nodeParameters + $0)" }.joined(separator: ", ") + ")"
         }
         return "INSERT INTO nodes (\(node)) VALUES " + rows.joined(separator: ", ")
     }
     static let updateNode = "UPDATE nodes SET id = $3, parent = $4, type = $5, state = $6, attempts = $7, "
         + "started_at = $8, finished_at = $9, elapsed_ms = $10, status = $11, recovered = $12, error = $13, "
-        + "result = $14, request = $15, pages = $16 WHERE job_id = $1 AND position = $2"
+        + "result = $14, request = $15, pages = $16, result_ref = $17 WHERE job_id = $1 AND position = $2"
+    /// Parameters of one node row.
+    static let nodeParameters = 17
     /// Bodies of deleted jobs are not kept.
     static let upsertBody = "INSERT INTO bodies (job_id, node_id, content_type, bytes) "
         + "SELECT $1::text, $2::text, $3::text, $4::bytea WHERE EXISTS (SELECT 1 FROM jobs WHERE id = $1::text) "
@@ -58,7 +60,7 @@ enum PGRows {
         value.map { .text(String(decoding: $0.bytes, as: UTF8.self)) } ?? .null
     }
 
-    /// Parameters 1–25 in `job` column order (the 19th is `request`).
+    /// Parameters 1–26 in `job` column order (the 19th is `request`).
     static func parameters(_ job: JobRecord) -> [PostgresParameter] {
         var out: [PostgresParameter] = [
             .text(job.id), jsonString(job.name), .text(job.state.rawValue), .int(job.createdAt), int(job.startedAt),
@@ -67,7 +69,8 @@ enum PGRows {
         for state in NodeState.allCases { out.append(.int(job.progress[state])) }
         out.append(json(job.error?.json))
         out.append(json(job.metadata))
-        out.append(json(job.result))
+        let result = ResultAssembly.stored(job.result, job.resultSource)
+        out.append(json(result.result))
         out.append(json(job.request))
         out.append(int(job.notBefore))
         out.append(int(job.dueAt))
@@ -75,6 +78,7 @@ enum PGRows {
         out.append(int(job.concurrencyLimit))
         out.append(.int(job.attempt))
         out.append(int(job.retriedAt))
+        out.append(int(result.ref))
         return out
     }
 
@@ -86,11 +90,12 @@ enum PGRows {
     }
 
     static func parameters(_ node: NodeRecord, jobID: String) -> [PostgresParameter] {
-        [
+        let result = ResultAssembly.stored(node.result, node.resultSource)
+        return [
             .text(jobID), .int(node.position), .text(node.id), text(node.parent), .text(node.type),
             .text(node.state.rawValue), .int(node.attempts), int(node.startedAt), int(node.finishedAt),
             int(node.elapsedMs), int(node.status), .int(node.recovered ? 1 : 0), json(node.error?.json),
-            json(node.result), json(node.request), int(node.pages),
+            json(result.result), json(node.request), int(node.pages), int(result.ref),
         ]
     }
 
@@ -172,6 +177,7 @@ enum PGRows {
         job.concurrencyLimit = r.optionalInt(22)
         job.attempt = max(1, r.int(23))
         job.retriedAt = r.optionalInt64(24)
+        job.resultSource = try ResultSource(code: r.optionalInt(25))
         return job
     }
 
@@ -186,6 +192,7 @@ enum PGRows {
             recovered: r.int64(11) != 0, result: try r.json(13))
         node.request = try r.json(14)
         node.pages = r.optionalInt(15)
+        node.resultSource = try ResultSource(code: r.optionalInt(16))
         return node
     }
 }

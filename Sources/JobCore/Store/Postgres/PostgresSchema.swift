@@ -211,6 +211,12 @@ enum PostgresSchema {
             next_start_us BIGINT NOT NULL
         );
         """,
+        // 5: results stored once (`ResultSource`), as SQLite's version 8: `result_ref` says where a row's result
+        // comes from when its `result` column does not hold it all. NULL: `result` is the whole result.
+        """
+        ALTER TABLE jobs ADD COLUMN result_ref BIGINT;
+        ALTER TABLE nodes ADD COLUMN result_ref BIGINT;
+        """,
     ]
 
     static var currentVersion: Int { migrations.count }

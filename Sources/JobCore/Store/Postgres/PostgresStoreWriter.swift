@@ -236,7 +236,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
                 prepared: "job_by_key", "SELECT \(PGRows.job), request_hash FROM jobs WHERE idempotency_key = $1",
                 [.text(key)])
             guard let row = PGRows.rows(rows).first else { throw StoreError(.io, "idempotency key \(key) is taken by no job") }
-            let existing = try PGRows.job(row)
+            var existing = try PGRows.job(row)
+            try PGRows.assembleResult(of: &existing, db: db)
             return row.string(PGRows.jobCount) == request.requestHash ? .existing(existing) : .conflict(existing)
         }
         try insertNodes(request.nodes.map { (node: $0, jobID: job.id) })
@@ -251,7 +252,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
         return .created(job)
     }
 
-    /// Rows per multi-row node insert: one round trip for a job of up to this many nodes (16 parameters a row,
+    /// Rows per multi-row node insert: one round trip for a job of up to this many nodes (17 parameters a row,
     /// far below PostgreSQL's 65,535).
     static let nodesPerInsert = 64
 
@@ -262,7 +263,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
         while start < rows.count {
             let chunk = rows[start..<min(rows.count, start + Self.nodesPerInsert)]
             var parameters: [PostgresParameter] = []
-            parameters.reserveCapacity(chunk.count * 16)
+            parameters.reserveCapacity(chunk.count * PGRows.nodeParameters)
             for row in chunk { parameters += PGRows.parameters(row.node, jobID: row.jobID) }
             try db.run(prepared: "insert_nodes_\(chunk.count)", PGRows.insertNodes(count: chunk.count), parameters)
             start += chunk.count

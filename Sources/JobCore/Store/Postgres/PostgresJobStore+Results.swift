@@ -1,0 +1,56 @@
+// Reading results that refer to others (`ResultSource`, `result_ref`) on PostgreSQL: the rows they refer to are
+// read on the same connection, in the caller's snapshot, and put together by `ResultAssembly`, as on SQLite.
+
+extension PGRows {
+    /// The job's node rows from `position` on, in position order, results as stored.
+    static func storedNodes(jobID: String, from position: Int, db: PostgresConnection) throws -> [NodeRecord] {
+        let rows = try db.run(
+            prepared: "nodes_from", "SELECT \(node) FROM nodes WHERE job_id = $1 AND position >= $2 ORDER BY position",
+            [.text(jobID), .int(position)])
+        return try PGRows.rows(rows).map(PGRows.node)
+    }
+
+    /// The stored response bodies of the job's nodes `nodeIDs` (those found), in one round trip.
+    static func bodies(jobID: String, nodeIDs: [String], db: PostgresConnection) throws -> [String: [UInt8]] {
+        let rows = try db.run(
+            prepared: "bodies_of", "SELECT node_id, bytes FROM bodies WHERE job_id = $1 AND node_id = ANY($2::text[])",
+            [.text(jobID), PostgresLeases.array(nodeIDs)])
+        var out: [String: [UInt8]] = [:]
+        out.reserveCapacity(nodeIDs.count)
+        for row in PGRows.rows(rows) {
+            guard let id = row.string(0), let hex = row.string(1), let bytes = PostgresRows.bytes(fromHex: hex) else {
+                throw StoreError(.corrupt, "a stored body of job \(jobID) is not bytea")
+            }
+            out[id] = bytes
+        }
+        return out
+    }
+
+    /// Fills in the results of one job's `nodes` (position order) that refer to others; with `target`, only
+    /// in that node's subtree.
+    static func assemble(_ nodes: inout [NodeRecord], jobID: String, target: Int? = nil, db: PostgresConnection) throws {
+        try ResultAssembly.assemble(&nodes, target: target) { ids in try bodies(jobID: jobID, nodeIDs: ids, db: db) }
+    }
+
+    /// Fills in the job's result when its row refers to its root's: the job's node rows are read and assembled.
+    static func assembleResult(of job: inout JobRecord, db: PostgresConnection) throws {
+        guard ResultAssembly.needsNodes(job) else { return }
+        var nodes = try storedNodes(jobID: job.id, from: 0, db: db)
+        guard !nodes.isEmpty, nodes[0].position == 0 else {
+            throw StoreError(.corrupt, "the result of job \(job.id) refers to a root that is not stored")
+        }
+        try assemble(&nodes, jobID: job.id, target: 0, db: db)
+        try ResultAssembly.assemble(&job, nodes: nodes)
+    }
+
+    /// Fills in the result of `node` (as read) when it refers to others, from the rows of its subtree.
+    static func assembleResult(of node: inout NodeRecord, db: PostgresConnection) throws {
+        guard let source = node.resultSource, node.result != nil || source != .body else { return }
+        var rows = source == .body ? [node] : try storedNodes(jobID: node.jobID, from: node.position, db: db)
+        guard rows.first?.position == node.position else {
+            throw StoreError(.corrupt, "node \(node.id) of job \(node.jobID) is not stored at position \(node.position)")
+        }
+        try assemble(&rows, jobID: node.jobID, target: 0, db: db)
+        node = rows[0]
+    }
+}

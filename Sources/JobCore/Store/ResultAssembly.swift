@@ -1,0 +1,174 @@
+/// Where a stored result comes from when the row does not hold it in full (`result_ref` of `jobs` and `nodes`).
+///
+/// A list's result is its children's results again, a job's is its root's, and a fetch's `body` is the response
+/// body the `bodies` table keeps anyway: written out in full, a job of N fetches nested d lists deep would store
+/// each response d + 2 times. The engine sets the hint only where it checked that the value is exactly what
+/// assembly gives (`JobRun.storedResultSource`), so a read rebuilds the same value, byte for byte.
+public enum ResultSource: Equatable, Sendable {
+    /// The array of the children's entries in position order: a succeeded child's result, else
+    /// `{"error": <its error>}`, or `null` with `consumeErrors` (a list, sequence or map).
+    case children(consumeErrors: Bool)
+    /// The result of the `k`th child in position order (a list or map with `fire_on_first_result`); for a job,
+    /// `child(0)` is its root node's result.
+    case child(Int)
+    /// A fetch's result whose `body` member is rebuilt from the stored response body by its `body_encoding`.
+    case body
+
+    /// The column's value: 1 children, 2 children with errors consumed, 3 body, 4 + k the `k`th child.
+    public var code: Int {
+        switch self {
+        case .children(let consumeErrors): return consumeErrors ? 2 : 1
+        case .body: return 3
+        case .child(let k): return 4 + k
+        }
+    }
+
+    /// The source a column value names; `nil` for SQL `NULL` (the result is written in full).
+    /// - Throws: `StoreError.corrupt` for a value no version of the store wrote.
+    public init?(code: Int?) throws {
+        guard let code else { return nil }
+        switch code {
+        case 1: self = .children(consumeErrors: false)
+        case 2: self = .children(consumeErrors: true)
+        case 3: self = .body
+        case 4...: self = .child(code - 4)
+        default: throw StoreError(.corrupt, "unknown result_ref \(code)")
+        }
+    }
+}
+
+/// The one place that turns results into what the stores write, and what they read back into results.
+enum ResultAssembly {
+    /// What a store writes for `result` with the hint `source`: the `result` column (`nil` for SQL `NULL`) and
+    /// `result_ref`. A result that refers to others is not written at all; a fetch's is written with `"body": null`
+    /// (its place kept, so the members come back in their order).
+    static func stored(_ result: JSONValue?, _ source: ResultSource?) -> (result: JSONValue?, ref: Int?) {
+        guard let result, let source else { return (result, nil) }
+        switch source {
+        case .children, .child:
+            return (nil, source.code)
+        case .body:
+            guard case .object(var members) = result, let k = bodyMember(members) else { return (result, nil) }
+            members[k].value = .null
+            return (.object(members), source.code)
+        }
+    }
+
+    /// The index of the one member named `body`, and only if there is one with a `body_encoding` string.
+    static func bodyMember(_ members: [JSONMember]) -> Int? {
+        var found: Int?
+        var encoding = false
+        for (k, member) in members.enumerated() {
+            if member.key == "body" {
+                if found != nil { return nil }
+                found = k
+            } else if member.key == "body_encoding" {
+                encoding = member.value.stringValue != nil
+            }
+        }
+        return encoding ? found : nil
+    }
+
+    /// A child's place in its parent's results array, as `JobRun.entry` makes it.
+    static func entry(_ child: NodeRecord, consumeErrors: Bool) -> JSONValue? {
+        if child.state == .succeeded { return child.result }
+        if consumeErrors { return .null }
+        return .object([JSONMember("error", child.error?.json ?? .null)])
+    }
+
+    /// The body as the fetcher read it from `raw`: `BodyDecoder.decode` itself, asked for the encoding the result
+    /// names (`json` parsed with the fetcher's parser and depth limit, `text` the UTF-8 string, `base64` encoded),
+    /// so that the two cannot drift apart.
+    static func body(_ raw: [UInt8], encoding: String) throws -> JSONValue {
+        let expect: FetchExpect
+        switch encoding {
+        case "json": expect = .json
+        case "text": expect = .text
+        case "base64": expect = .bytes
+        default: throw StoreError(.corrupt, "stored result has an unknown body_encoding \(encoding)")
+        }
+        switch BodyDecoder.decode(raw, contentType: nil, expect: expect) {
+        case .value(let (value, decodedAs)) where decodedAs == encoding:
+            return value
+        case .value, .invalidJSON:
+            throw StoreError(.corrupt, "the stored response body does not read as the \(encoding) its result was read from")
+        }
+    }
+
+    /// Fills in the results of `nodes` — one job's rows in position order as read (results as `stored` wrote
+    /// them, `resultSource` from `result_ref`) — that refer to others; with `target`, only the results in that
+    /// node's subtree (which must all be among `nodes`). Bottom-up over parent links: a child's position is
+    /// always after its parent's (a map's copies come after every submitted node), so one pass from the last
+    /// row to the first sees every child before its parent. Linear in rows and bytes.
+    /// - Parameter bodies: the stored response bodies of the fetch nodes with these ids (all asked for at once).
+    /// - Throws: `StoreError.corrupt` when a reference finds nothing to refer to.
+    static func assemble(
+        _ nodes: inout [NodeRecord], target: Int? = nil, bodies: ([String]) throws -> [String: [UInt8]]
+    ) throws {
+        guard nodes.contains(where: { $0.resultSource != nil }) else { return }
+        var index: [String: Int] = [:]
+        index.reserveCapacity(nodes.count)
+        var children = [[Int]](repeating: [], count: nodes.count)
+        for k in nodes.indices {
+            if let parent = nodes[k].parent, let p = index[parent] { children[p].append(k) }
+            index[nodes[k].id] = k
+        }
+        var inScope: [Bool]
+        if let target {
+            inScope = [Bool](repeating: false, count: nodes.count)
+            var stack = [target]
+            while let k = stack.popLast() {
+                inScope[k] = true
+                stack.append(contentsOf: children[k])
+            }
+        } else {
+            inScope = [Bool](repeating: true, count: nodes.count)
+        }
+        let wanted = nodes.indices.filter { inScope[$0] && nodes[$0].resultSource == .body && nodes[$0].result != nil }
+        let raw = wanted.isEmpty ? [:] : try bodies(wanted.map { nodes[$0].id })
+        for k in nodes.indices.reversed() where inScope[k] {
+            guard let source = nodes[k].resultSource else { continue }
+            let id = nodes[k].id
+            switch source {
+            case .body:
+                guard case .object(var members)? = nodes[k].result else { continue }
+                guard let b = bodyMember(members), let encoding = nodes[k].result?["body_encoding"]?.stringValue else {
+                    throw StoreError(.corrupt, "stored result of node \(id) has no body to fill in")
+                }
+                guard let bytes = raw[id] else {
+                    throw StoreError(.corrupt, "the response body of node \(id) is not stored")
+                }
+                members[b].value = try body(bytes, encoding: encoding)
+                nodes[k].result = .object(members)
+            case .children(let consumeErrors):
+                var entries: [JSONValue] = []
+                entries.reserveCapacity(children[k].count)
+                for c in children[k] {
+                    guard let entry = entry(nodes[c], consumeErrors: consumeErrors) else {
+                        throw StoreError(.corrupt, "node \(nodes[c].id) succeeded without a stored result")
+                    }
+                    entries.append(entry)
+                }
+                nodes[k].result = .array(entries)
+            case .child(let c):
+                guard c < children[k].count, let result = nodes[children[k][c]].result else {
+                    throw StoreError(.corrupt, "the result of node \(id) refers to a child without one")
+                }
+                nodes[k].result = result
+            }
+        }
+    }
+
+    /// Fills in the job's result from its root's, when its row refers to it; `nodes` are the job's rows with
+    /// (at least) the root's result assembled.
+    static func assemble(_ job: inout JobRecord, nodes: [NodeRecord]) throws {
+        guard let source = job.resultSource else { return }
+        guard source == .child(0), let root = nodes.first(where: { $0.position == 0 }), let result = root.result else {
+            throw StoreError(.corrupt, "the result of job \(job.id) refers to a root without one")
+        }
+        job.result = result
+    }
+
+    /// Whether reading `job`'s result needs its node rows.
+    static func needsNodes(_ job: JobRecord) -> Bool { job.resultSource != nil }
+}

@@ -1,0 +1,60 @@
+// Reading results that refer to others (`ResultSource`, `result_ref`): the rows they refer to are read on the
+// same connection, in the caller's snapshot, and put together by `ResultAssembly`.
+
+extension Rows {
+    /// The job's node rows from `position` on, in position order, results as stored.
+    static func storedNodes(jobID: String, from position: Int, db: SQLiteConnection) throws -> [NodeRecord] {
+        let statement = try db.prepare(
+            "SELECT \(Columns.node) FROM nodes WHERE job_id = ?1 AND position >= ?2 ORDER BY position")
+        defer { statement.reset() }
+        statement.bind(1, jobID)
+        statement.bind(2, position)
+        var nodes: [NodeRecord] = []
+        while try statement.step() { nodes.append(try node(statement)) }
+        return nodes
+    }
+
+    /// The stored response bodies of the job's nodes `nodeIDs` (those found).
+    static func bodies(jobID: String, nodeIDs: [String], db: SQLiteConnection) throws -> [String: [UInt8]] {
+        let statement = try db.prepare("SELECT bytes FROM bodies WHERE job_id = ?1 AND node_id = ?2")
+        defer { statement.reset() }
+        var out: [String: [UInt8]] = [:]
+        out.reserveCapacity(nodeIDs.count)
+        for id in nodeIDs {
+            statement.reset()
+            statement.bind(1, jobID)
+            statement.bind(2, id)
+            if try statement.step() { out[id] = statement.blob(0) ?? [] }
+        }
+        return out
+    }
+
+    /// Fills in the results of one job's `nodes` (position order) that refer to others; with `target`, only
+    /// in that node's subtree.
+    static func assemble(_ nodes: inout [NodeRecord], jobID: String, target: Int? = nil, db: SQLiteConnection) throws {
+        try ResultAssembly.assemble(&nodes, target: target) { ids in try bodies(jobID: jobID, nodeIDs: ids, db: db) }
+    }
+
+    /// Fills in the job's result when its row refers to its root's: the job's node rows are read and assembled.
+    static func assembleResult(of job: inout JobRecord, db: SQLiteConnection) throws {
+        guard ResultAssembly.needsNodes(job) else { return }
+        var nodes = try storedNodes(jobID: job.id, from: 0, db: db)
+        guard !nodes.isEmpty, nodes[0].position == 0 else {
+            throw StoreError(.corrupt, "the result of job \(job.id) refers to a root that is not stored")
+        }
+        try assemble(&nodes, jobID: job.id, target: 0, db: db)
+        try ResultAssembly.assemble(&job, nodes: nodes)
+    }
+
+    /// Fills in the result of `node` (as read) when it refers to others: the rows of its subtree (all after it in
+    /// position order) are read and assembled.
+    static func assembleResult(of node: inout NodeRecord, db: SQLiteConnection) throws {
+        guard let source = node.resultSource, node.result != nil || source != .body else { return }
+        var rows = source == .body ? [node] : try storedNodes(jobID: node.jobID, from: node.position, db: db)
+        guard rows.first?.position == node.position else {
+            throw StoreError(.corrupt, "node \(node.id) of job \(node.jobID) is not stored at position \(node.position)")
+        }
+        try assemble(&rows, jobID: node.jobID, target: 0, db: db)
+        node = rows[0]
+    }
+}
