@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Bytes stored against bytes fetched: two jobs, each a `list` of N fetches (default 9,000) of a 1 KiB JSON file from
-# nginx, and the same two jobs with the fetches nested 3 lists deep. Each layout runs on a fresh SQLite file; the
+# Bytes stored against bytes fetched: two jobs, each a `list` of N fetches (default 9,000) of a JSON file from nginx
+# (BODIES, default 1 KiB and 4 KiB), and the same two jobs with the fetches nested 3 lists deep. Each layout runs on a fresh SQLite file; the
 # server is stopped (which checkpoints the WAL into the file) and the file measured, after `PRAGMA
 # wal_checkpoint(TRUNCATE)` with the sqlite3 CLI should a WAL be left. "Overhead" is what the jobs add to the empty
 # store beyond the bytes fetched, per node. Target: stored ≤ 1.5 × fetched + a fixed per-node overhead, whatever the
 # depth, i.e. the overhead per node about the same flat and nested. RUNS runs (default 3): median (min–max).
-# N, RUNS and CONFIG (release, or debug for a quick check) may be set.
+# N, BODIES, RUNS and CONFIG (release, or debug for a quick check) may be set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 N=${N:-9000}
 RUNS=${RUNS:-3}
 CONFIG=${CONFIG:-release}
-BODY=1024
+BODIES=${BODIES:-1024 4096}
 
 for tool in curl jq python3 nginx sqlite3; do
   command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
@@ -24,16 +24,21 @@ swift build -c "$CONFIG" --product jobserver >&2
 bin=$(swift build -c "$CONFIG" --show-bin-path)
 
 mkdir -p "$tmp/www"
-python3 -c 'import sys; open(sys.argv[1], "w").write("{\"data\":\"" + "x" * 1013 + "\"}")' "$tmp/www/data.json"
-chmod 644 "$tmp/www/data.json"
+for body in $BODIES; do
+  python3 -c 'import sys; n = int(sys.argv[2]); open(sys.argv[1], "w").write("{\"data\":\"" + "x" * (n - 11) + "\"}")' \
+    "$tmp/www/data-$body.json" "$body"
+  chmod 644 "$tmp/www/data-$body.json"
+done
 start_nginx "$tmp/www"
-wait_for "http://127.0.0.1:$nginx_port/data.json" || { tail -5 "$tmp/logs/error.log" >&2; exit 1; }
+wait_for "http://127.0.0.1:$nginx_port/data-${BODIES%% *}.json" || { tail -5 "$tmp/logs/error.log" >&2; exit 1; }
 
-# job-flat.json and job-nested.json: the same N URLs, as one list, or as lists of lists of lists of about ∛N each.
-python3 - "$N" "$nginx_port" "$tmp" <<'PY'
+# job-flat.json and job-nested.json for a body size: the same N URLs, as one list, or as lists of lists of lists of
+# about ∛N each.
+make_jobs() {
+python3 - "$N" "$nginx_port" "$tmp" "$1" <<'PY'
 import json, math, sys
-n, port, tmp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-fetches = [{"type": "fetch", "url": f"http://127.0.0.1:{port}/data.json?i={i}"} for i in range(1, n + 1)]
+n, port, tmp, body = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+fetches = [{"type": "fetch", "url": f"http://127.0.0.1:{port}/data-{body}.json?i={i}"} for i in range(1, n + 1)]
 k = max(2, math.ceil(n ** (1 / 3)))
 def chunk(items):
     return [{"type": "list", "children": items[i:i + k]} for i in range(0, len(items), k)]
@@ -44,6 +49,7 @@ lists = 1 + len(nested) + sum(len(c["children"]) for c in nested)
 open(f"{tmp}/nodes-flat", "w").write(str(n + 1))
 open(f"{tmp}/nodes-nested", "w").write(str(n + lists))
 PY
+}
 
 # Starts a server on a fresh file, runs `jobs` jobs of layout $1 (none for the empty store), stops it; sets `size`
 # to the file's bytes. (Not in a subshell, so that the exit trap knows the server.)
@@ -76,37 +82,41 @@ measure() {
   size=$(( $(stat -c %s "$tmp/db/jobs.sqlite") + wal ))
 }
 
+make_jobs "${BODIES%% *}"
 measure flat 0
 empty=$size
-fetched=$(( 2 * N * BODY ))
 rows=()
+for body in $BODIES; do
+make_jobs "$body"
+fetched=$(( 2 * N * body ))
 for layout in flat nested; do
   nodes=$(( 2 * $(cat "$tmp/nodes-$layout") ))
   sizes=()
   for run in $(seq 1 "$RUNS"); do
     measure "$layout" 2
     sizes+=("$size")
-    echo "$layout run $run: ${sizes[-1]} bytes for $fetched fetched ($nodes nodes)" >&2
+    echo "$body B, $layout run $run: ${sizes[-1]} bytes for $fetched fetched ($nodes nodes)" >&2
   done
   stored=$(printf '%s\n' "${sizes[@]}" | median)
   ratio=$(awk -v s="$stored" -v f="$fetched" 'BEGIN{printf "%.2f", s/f}')
   # What the jobs add beyond the fetched bytes, per node; and beyond 1.5 × the fetched bytes.
   over=$(awk -v s="$stored" -v e="$empty" -v f="$fetched" -v n="$nodes" 'BEGIN{printf "%.0f", (s-e-f)/n}')
   over15=$(awk -v s="$stored" -v e="$empty" -v f="$fetched" -v n="$nodes" 'BEGIN{printf "%.0f", (s-e-1.5*f)/n}')
-  rows+=("| $layout | $nodes | $(awk -v f="$fetched" 'BEGIN{printf "%.1f", f/1e6}') | $(awk -v s="$stored" 'BEGIN{printf "%.1f", s/1e6}') ($(printf '%s\n' "${sizes[@]}" | awk '{printf "%.1f\n", $1/1e6}' | range)) | **$ratio** | $over | $over15 |")
+  rows+=("| $body | $layout | $nodes | $(awk -v f="$fetched" 'BEGIN{printf "%.1f", f/1e6}') | $(awk -v s="$stored" 'BEGIN{printf "%.1f", s/1e6}') ($(printf '%s\n' "${sizes[@]}" | awk '{printf "%.1f\n", $1/1e6}' | range)) | **$ratio** | $over | $over15 |")
+done
 done
 
 cat <<MD
 ## Bytes stored for the bytes fetched
 
-Two jobs, each a \`list\` of $N fetches of a $BODY-byte JSON file from nginx $(nginx_version) on 127.0.0.1
-(\`/data.json?i=1…$N\`), stored by one jobserver ($CONFIG) on a fresh SQLite file; "nested" is the same two jobs
+Two jobs, each a \`list\` of $N fetches of a JSON file of $(echo $BODIES | sed 's/ / or /g') bytes from nginx $(nginx_version) on 127.0.0.1
+(\`/data-<bytes>.json?i=1…$N\`), stored by one jobserver ($CONFIG) on a fresh SQLite file; "nested" is the same two jobs
 with the fetches in lists of lists of lists of about ∛$N. The file is measured after the server stopped (its WAL
 checkpointed); the empty store is $(awk -v e="$empty" 'BEGIN{printf "%.1f", e/1e3}') kB. $RUNS runs per layout: median (min–max) MB.
 "Per node" columns: bytes the jobs add to the empty store beyond the fetched bytes (and beyond 1.5 × them), per node
 (fetches and lists). Target: stored ≤ 1.5 × fetched + a fixed per-node overhead, whatever the depth.
 
-| layout | nodes | fetched MB | stored MB | stored / fetched | per node beyond fetched, B | per node beyond 1.5 × fetched, B |
-|---|---:|---:|---|---:|---:|---:|
+| body, B | layout | nodes | fetched MB | stored MB | stored / fetched | per node beyond fetched, B | per node beyond 1.5 × fetched, B |
+|---:|---|---:|---:|---|---:|---:|---:|
 $(printf '%s\n' "${rows[@]}")
 MD
