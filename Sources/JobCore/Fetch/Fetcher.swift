@@ -54,6 +54,8 @@ public final class FetchHandle: @unchecked Sendable {
 /// - `too_large`: a declared `Content-Length` or the decoded bytes received
 ///   exceed the limit; a header line over libcurl's 100 KiB, or a header
 ///   section over `Transfer.maxHeaderBytes` (256 KiB).
+///   Also (not retried) when the job's `ByteBudget` cannot take a declared
+///   length or the bytes received: the job's responses together are over it.
 /// - `http_status`: a final status outside 2xx and `acceptStatus` (5xx and 429 retried).
 /// - `invalid_json`: `expect: json` and the body does not parse.
 /// - `cancelled`: `FetchHandle.cancel()` or `shutdown()`.
@@ -76,16 +78,18 @@ public final class Fetcher: @unchecked Sendable {
     /// - Parameters:
     ///   - request: what to fetch.
     ///   - timeoutMs: the limit of each attempt's whole transfer, connect included; none if `nil`.
+    ///   - budget: the job's byte budget, which every body chunk received is counted against; the chunk that
+    ///     would cross it fails the transfer with `too_large` (not retried). `nil`: no budget.
     ///   - onAttempt: called on the fetcher's thread when attempt `n` (from 1) starts.
     ///   - completion: called exactly once with the outcome, on the fetcher's thread
     ///     (on the caller's thread if the fetcher is already shut down).
     /// - Returns: a handle that cancels the transfer.
     @discardableResult
     public func start(
-        _ request: FetchRequest, timeoutMs: Int? = nil, onAttempt: (@Sendable (Int) -> Void)? = nil,
-        completion: @escaping @Sendable (FetchOutcome) -> Void
+        _ request: FetchRequest, timeoutMs: Int? = nil, budget: ByteBudget? = nil,
+        onAttempt: (@Sendable (Int) -> Void)? = nil, completion: @escaping @Sendable (FetchOutcome) -> Void
     ) -> FetchHandle {
-        loop.start(request, timeoutMs: timeoutMs, onAttempt: onAttempt, completion: completion)
+        loop.start(request, timeoutMs: timeoutMs, budget: budget, onAttempt: onAttempt, completion: completion)
     }
 
     /// Transfers started and not yet completed (backoff waits included).
@@ -111,6 +115,8 @@ final class Transfer {
     let method: String
     let timeoutMs: Int?
     let maxBytes: Int
+    /// The job's budget the body bytes are counted against, if any.
+    let budget: ByteBudget?
     // Dropped once the transfer completes, so a closure that captures the
     // transfer's handle does not keep both alive.
     var onAttempt: (@Sendable (Int) -> Void)?
@@ -142,12 +148,13 @@ final class Transfer {
     /// `errno` of a failed `socket()` in the opensocket callback.
     var socketErrno: Int32 = 0
 
-    init(request: FetchRequest, timeoutMs: Int?, maxBytes: Int, denyList: [AddressRange],
+    init(request: FetchRequest, timeoutMs: Int?, maxBytes: Int, budget: ByteBudget? = nil, denyList: [AddressRange],
          onAttempt: (@Sendable (Int) -> Void)?, completion: @escaping @Sendable (FetchOutcome) -> Void) {
         self.request = request
         self.method = request.method.uppercased()
         self.timeoutMs = timeoutMs
         self.maxBytes = maxBytes
+        self.budget = budget
         self.denyList = denyList
         self.onAttempt = onAttempt
         self.completion = completion
@@ -267,6 +274,14 @@ final class Transfer {
             tooLargeReason = bodyTooLarge
             return false
         }
+        // A declared length the job's budget cannot take fails before any of it arrives (other fetches of the job
+        // may take some of what is left meanwhile, so the body itself is still counted).
+        if let budget, let declared = headers.first(where: { $0.name == "content-length" }), let length = Int(declared.value),
+            length > budget.remaining, method != "HEAD"
+        {
+            tooLargeReason = budget.exceeded
+            return false
+        }
         return true
     }
 
@@ -279,6 +294,10 @@ final class Transfer {
     func bodyChunk(_ chunk: UnsafeBufferPointer<UInt8>) -> Bool {
         if body.count + chunk.count > maxBytes {
             tooLargeReason = bodyTooLarge
+            return false
+        }
+        if let budget, !budget.take(chunk.count) {
+            tooLargeReason = budget.exceeded
             return false
         }
         body.append(contentsOf: chunk)
@@ -414,12 +433,12 @@ final class FetchLoop: @unchecked Sendable {
     var stats: FetcherStats { mutex.withLock { counters } }
 
     func start(
-        _ request: FetchRequest, timeoutMs: Int?, onAttempt: (@Sendable (Int) -> Void)?,
+        _ request: FetchRequest, timeoutMs: Int?, budget: ByteBudget?, onAttempt: (@Sendable (Int) -> Void)?,
         completion: @escaping @Sendable (FetchOutcome) -> Void
     ) -> FetchHandle {
         let transfer = Transfer(
             request: request, timeoutMs: timeoutMs, maxBytes: request.maxBytes ?? configuration.maxResponseBytes,
-            denyList: denyList, onAttempt: onAttempt, completion: completion)
+            budget: budget, denyList: denyList, onAttempt: onAttempt, completion: completion)
         let accepted = mutex.withLock { () -> Bool in
             guard !stopping else { return false }
             wakeIfFirstQueued()
