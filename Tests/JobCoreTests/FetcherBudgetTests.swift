@@ -22,8 +22,8 @@ final class FetcherBudgetTests: FetcherTestCase {
             let message = over.error?.message ?? ""
             XCTAssertTrue(message.contains("budget of 1000 bytes") && message.contains("--max-job-bytes"), message)
             XCTAssertTrue(ByteBudget.isBudgetFailure(try XCTUnwrap(over.error)))
-            // What the refused fetch received before it crossed is counted; what fits still fits.
-            XCTAssertLessThanOrEqual(budget.usedBytes, 1000, suffix)
+            // What the refused fetch received before it crossed is given back; what fits still fits.
+            XCTAssertEqual(budget.usedBytes, 600, suffix)
             let left = budget.remaining
             XCTAssertEqual(try fetch("/bytes/\(left)" + suffix, budget: budget).response?.bytes, left, suffix)
             XCTAssertEqual(budget.usedBytes, 1000, suffix)
@@ -39,12 +39,33 @@ final class FetcherBudgetTests: FetcherTestCase {
         XCTAssertFalse(ByteBudget.isBudgetFailure(try XCTUnwrap(outcome.error)))
     }
 
-    func testEveryAttemptOfARetryCounts() throws {
+    func testARetryCountsItsAnswerAndGivesBackTheOneItReplaces() throws {
         let budget = ByteBudget(limit: 1 << 20)
         let outcome = try fetch("/count/budget-retry?fail=1", budget: budget, retries: 1)
         let response = try XCTUnwrap(outcome.response)
         XCTAssertEqual(outcome.attempts, 2)
-        XCTAssertGreaterThan(budget.usedBytes, response.bytes, "the 503's body was received too")
+        XCTAssertGreaterThan(response.bytes, 0)
+        XCTAssertEqual(budget.usedBytes, response.bytes, "only the answer kept is held")
+        // An answer that fails after its retries is kept (its body is stored), so it stays counted.
+        let failed = try fetch("/status/503", budget: budget, retries: 1)
+        XCTAssertEqual(failed.error?.kind, .httpStatus)
+        XCTAssertEqual(budget.usedBytes, response.bytes + (failed.lastResponse?.bytes ?? -1))
+    }
+
+    func testAFetchThatFailsMidBodyGivesBackWhatItReceived() throws {
+        // 8 MiB of a 12 MiB chunked body arrive, in many chunks, before the budget stops it.
+        let budget = ByteBudget(limit: 8 << 20)
+        let box = OutcomeBox()
+        fetcher.start(FetchRequest(url: upstream.url("/bytes/\(12 << 20)?chunked=1"), maxBytes: 16 << 20), budget: budget) {
+            box.set($0)
+        }
+        let outcome = try XCTUnwrap(box.wait(seconds: 20))
+        XCTAssertEqual(outcome.error?.kind, .tooLarge)
+        XCTAssertTrue(outcome.error?.message.contains("budget of \(8 << 20) bytes") == true, outcome.error?.message ?? "")
+        XCTAssertEqual(budget.usedBytes, 0)
+        // A transfer error: nothing kept, nothing held.
+        XCTAssertEqual(try fetch("/close", budget: budget).error?.kind, .connect)
+        XCTAssertEqual(budget.usedBytes, 0)
     }
 
     func testAStartingCountIsHeldToo() throws {

@@ -117,6 +117,9 @@ final class Transfer {
     let maxBytes: Int
     /// The job's budget the body bytes are counted against, if any.
     let budget: ByteBudget?
+    /// What the current attempt's body took from `budget`, and what `lastResponse`'s body holds of it.
+    var countedBytes = 0
+    var lastResponseCounted = 0
     // Dropped once the transfer completes, so a closure that captures the
     // transfer's handle does not keep both alive.
     var onAttempt: (@Sendable (Int) -> Void)?
@@ -268,20 +271,22 @@ final class Transfer {
         {
             return true
         }
-        if let declared = headers.first(where: { $0.name == "content-length" }), let length = Int(declared.value),
-            length > maxBytes, method != "HEAD"
-        {
+        guard method != "HEAD", let declared = headers.first(where: { $0.name == "content-length" }),
+            let length = Int(declared.value), length >= 0
+        else { return true }
+        if length > maxBytes {
             tooLargeReason = bodyTooLarge
             return false
         }
         // A declared length the job's budget cannot take fails before any of it arrives (other fetches of the job
         // may take some of what is left meanwhile, so the body itself is still counted).
-        if let budget, let declared = headers.first(where: { $0.name == "content-length" }), let length = Int(declared.value),
-            length > budget.remaining, method != "HEAD"
-        {
+        if let budget, length > budget.remaining {
             tooLargeReason = budget.exceeded
             return false
         }
+        // One buffer of the declared size, within the limits just checked: grown by doubling instead, a 10 MB
+        // body would be copied some 20 times and end in a 16 MiB buffer.
+        if body.isEmpty { body.reserveCapacity(length) }
         return true
     }
 
@@ -296,9 +301,12 @@ final class Transfer {
             tooLargeReason = bodyTooLarge
             return false
         }
-        if let budget, !budget.take(chunk.count) {
-            tooLargeReason = budget.exceeded
-            return false
+        if let budget {
+            guard budget.take(chunk.count) else {
+                tooLargeReason = budget.exceeded
+                return false
+            }
+            countedBytes += chunk.count
         }
         body.append(contentsOf: chunk)
         return true
@@ -664,6 +672,8 @@ final class FetchLoop: @unchecked Sendable {
             return
         case .running:
             releaseEasy(transfer)
+            transfer.budget?.giveBack(transfer.countedBytes)
+            transfer.countedBytes = 0
         case .backoff:
             waiting.removeAll(where: { $0 === transfer })
         case .queued:
@@ -717,6 +727,10 @@ final class FetchLoop: @unchecked Sendable {
                 status: statusCode, headers: transfer.headers, body: .null, bodyEncoding: "text", rawBody: transfer.body,
                 contentType: contentType, bytes: transfer.body.count, elapsedMs: elapsed, url: finalURL)
             response.httpVersion = FetchResponse.httpVersion(curlCode: versionCode)
+            // This answer takes the place of an earlier attempt's, whose bytes are no longer held.
+            transfer.budget?.giveBack(transfer.lastResponseCounted)
+            transfer.lastResponseCounted = transfer.countedBytes
+            transfer.countedBytes = 0
             switch decoded {
             case .value(let (value, encoding)):
                 response.body = value
@@ -736,6 +750,9 @@ final class FetchLoop: @unchecked Sendable {
             failure = NodeError(.httpStatus, "\(what) answered \(statusCode)", status: statusCode)
             retryable = statusCode >= 500 || statusCode == 429
         } else {
+            // The attempt's partial body is thrown away.
+            transfer.budget?.giveBack(transfer.countedBytes)
+            transfer.countedBytes = 0
             (failure, retryable) = classify(code, transfer: transfer, what: what, detail: detail)
         }
 
@@ -839,7 +856,11 @@ final class FetchLoop: @unchecked Sendable {
         let completion = transfer.completion
         transfer.completion = nil
         transfer.onAttempt = nil
-        completion?(FetchOutcome(result: result, attempts: transfer.attempts, lastResponse: transfer.lastResponse))
+        let finished = FetchOutcome(result: result, attempts: transfer.attempts, lastResponse: transfer.lastResponse)
+        // The outcome has the bytes now: a handle kept after the end (a job's, a coalesced transfer's) keeps none.
+        transfer.lastResponse = nil
+        transfer.body = []
+        completion?(finished)
     }
 }
 
