@@ -77,6 +77,16 @@ expect_status 200
 expect_jq '[.nodes[1:][] | select(.state == "succeeded")] | length' 1
 expect_jq '[.nodes[1:][] | select(.state == "failed") | .error.kind] | join(",")' too_large,too_large
 
+step "pages count too: the page that takes the job over its budget fails the node too_large, naming the budget"
+page="$(curl -sS --max-time 5 "$UPSTREAM/pages/link?n=5&per=2&key=bp&page=1" | wc -c)"
+stop_server "$SERVER_PID"
+start_server --max-job-bytes $((page * 5 / 2))
+submit "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/pages/link?n=5&per=2&key=bp\",\"paginate\":{\"next\":\"link\",\"items\":\"/body\"}}}"
+wait_settled "$JOB_ID"
+expect_jq .state failed
+expect_jq .error.kind too_large
+expect_jq_true ".error.message | contains(\"budget of $((page * 5 / 2)) bytes\") and contains(\"page=3\")"
+
 step "the flag is refused when it is not a size"
 out="$("$JOBSERVER_BIN" serve --max-job-bytes lots 2>&1 || true)"
 grep -q -- '--max-job-bytes' <<<"$out" || fail "a bad --max-job-bytes was not named: $out"
