@@ -1643,6 +1643,17 @@ components:
             of exactly `max_bytes` bytes succeeds. A response header line over
             100 KiB or a header section over 256 KiB is `too_large` too. Default, and upper bound: the server's
             `--max-response-bytes`; a larger value is refused with `422`.
+            Besides, every job has a response byte budget, the server's
+            `--max-job-bytes` (default 64 MiB, `0`: none): the decoded body
+            bytes all its fetches hold together, in flight and settled, every
+            retry's attempt and every page counted as they arrive (and a
+            `coalesce` or `cache` answer when it is handed over). The fetch
+            whose bytes take the job over it fails with kind `too_large`
+            (not retried), its message naming the budget and the flag; the
+            fetches that settled before it keep their results. Bytes thrown
+            away (the failing fetch's partial body, an answer its retry
+            replaced) are given back. A job resumed after a restart counts the
+            bytes of its stored results first.
           type: integer
           minimum: 0
           format: int64

@@ -14,6 +14,8 @@ struct ServerConfig: Equatable {
     var maxNodes = 10_000
     var maxDepth = 64
     var maxResponseBytes = 10 << 20
+    /// `--max-job-bytes`: the response body bytes one job's fetches may receive together (0: no budget).
+    var maxJobBytes = 64 << 20
     var maxConcurrentFetches = 256
     var maxPerHost = 16
     var denyCIDRs = ["169.254.0.0/16"]
@@ -96,6 +98,12 @@ enum CommandLineParser {
         },
         Option(flag: "--max-response-bytes", help: "largest fetched response (default 10MiB)") { c, v, _ in
             c.maxResponseBytes = try size(v, flag: "--max-response-bytes")
+        },
+        Option(
+            flag: "--max-job-bytes",
+            help: "response bytes one job's fetches may receive together, retries and pages included (default 64MiB; 0 = no limit)"
+        ) { c, v, _ in
+            c.maxJobBytes = v.trimmingCharacters(in: .whitespaces) == "0" ? 0 : try size(v, flag: "--max-job-bytes")
         },
         Option(flag: "--max-concurrent-fetches", help: "transfers at once (default 256)") { c, v, _ in
             c.maxConcurrentFetches = try integer(v, flag: "--max-concurrent-fetches", in: 1...1_000_000)
@@ -341,6 +349,7 @@ extension ServerConfig {
         c.maxPerHost = maxPerHost
         c.retentionMs = retentionMs
         c.settledCacheBytes = settledCacheBytes
+        c.maxJobBytes = maxJobBytes
         c.hostRates = hostRates
         return c
     }

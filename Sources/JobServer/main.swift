@@ -26,6 +26,7 @@ guard case .serve(let config) = command else {
     exit(0)
 }
 
+MemoryTuning.apply()
 let logger = Logger(label: "jobserver", minimumLevel: config.logLevel)
 let service: Service
 do {

@@ -152,6 +152,16 @@ final class ServerConfigTests: XCTestCase {
         XCTAssertTrue(CommandLineParser.usage.contains("--lease-ttl"))
     }
 
+    func testMaxJobBytesDefaultsTo64MiBAndZeroMeansNone() throws {
+        XCTAssertEqual(try serve([]).maxJobBytes, 64 << 20)
+        XCTAssertEqual(try serve([]).engineConfiguration.maxJobBytes, 64 << 20)
+        XCTAssertEqual(try serve(["--max-job-bytes", "1MiB"]).engineConfiguration.maxJobBytes, 1 << 20)
+        XCTAssertEqual(try serve(["--max-job-bytes", "0"]).engineConfiguration.maxJobBytes, 0)
+        XCTAssertEqual(try serve([], env: ["JOBSERVER_MAX_JOB_BYTES": "512k"]).maxJobBytes, 512 << 10)
+        assertRefused(["--max-job-bytes", "lots"], mentioning: "--max-job-bytes")
+        XCTAssertTrue(CommandLineParser.usage.contains("--max-job-bytes"))
+    }
+
     func testBadValuesAreRefusedNamingTheFlag() {
         assertRefused(["--port", "65536"], mentioning: "--port")
         assertRefused(["--port", "http"], mentioning: "--port")

@@ -14,6 +14,8 @@ public struct EngineConfiguration: Sendable {
     public var sweepIntervalMs = 60_000
     /// Settled jobs' answers kept in memory, in bytes (bodies, ids and a fixed overhead per entry); 0 keeps none.
     public var settledCacheBytes = 64 << 20
+    /// Each job's response byte budget (`ByteBudget`); 0: none. The server sets it from `--max-job-bytes`.
+    public var maxJobBytes = 0
     /// At most this many jobs waiting in the store for their `not_before`; more such submissions are refused (429).
     public var maxScheduledJobs = 1_000_000
     /// Due jobs taken from the store into memory per read.

@@ -3,11 +3,12 @@ extension JobRun {
     /// - Parameter deliver: takes the outcome instead of the node.
     func beginSharedTransfer(_ i: Int, _ request: FetchRequest, host: String, deliver: ((FetchOutcome) -> Void)? = nil) {
         let engine = self.engine
+        let budget = byteBudget
         engine.sharedTransfers.begin(
             request, run: self, node: i, deliver: deliver,
             releaseSlot: { engine.fetchFinished(host: host) },
             start: { finish in
-                engine.fetcher.start(request, timeoutMs: nil) { outcome in
+                engine.fetcher.start(request, timeoutMs: nil, budget: budget) { outcome in
                     engine.queue.async {
                         engine.fetchFinished(host: host)
                         finish(outcome)
@@ -72,7 +73,7 @@ extension JobRun {
             beginSharedTransfer(i, sent, host: host, deliver: deliver)
             return
         }
-        transfers[i] = engine.fetcher.start(sent, timeoutMs: nil) { outcome in
+        transfers[i] = engine.fetcher.start(sent, timeoutMs: nil, budget: byteBudget) { outcome in
             engine.queue.async {
                 engine.fetchFinished(host: host)
                 deliver(outcome)

@@ -36,6 +36,8 @@ final class JobRun: @unchecked Sendable {
     var pendingBodies: [(jobID: String, nodeID: String, body: StoredBody)] = []
     /// Requests built from references when their node started, until their transfer begins (API.md §6.2).
     var resolvedRequests: [Int: FetchRequest] = [:]
+    /// The job's response byte budget (`--max-job-bytes`), made when first asked for; `nil`: none.
+    lazy var byteBudget: ByteBudget? = makeByteBudget()
 
     init(engine: Engine, graph: JobGraph, record: JobRecord, nodes: [NodeRecord]) {
         self.engine = engine
@@ -186,6 +188,7 @@ final class JobRun: @unchecked Sendable {
         transfers[i] = engine.fetcher.start(
             request,
             timeoutMs: nil,
+            budget: byteBudget,
             onAttempt: { [weak self] attempt in
                 guard let run = self else { return }
                 engine.queue.async { run.attemptStarted(i, attempt: prior + attempt) }
@@ -209,6 +212,7 @@ final class JobRun: @unchecked Sendable {
     func fetchFinished(_ i: Int, _ outcome: FetchOutcome) {
         transfers[i] = nil
         guard !stopping, let d = deferreds[i], !d.isCalled else { return }
+        let outcome = chargeDelivered(i, outcome)
         let nodeID = graph.nodes[i].id
         nodes[i].attempts = (priorAttempts[i] ?? 0) + outcome.attempts
         if let response = outcome.lastResponse {

@@ -54,6 +54,8 @@ public final class FetchHandle: @unchecked Sendable {
 /// - `too_large`: a declared `Content-Length` or the decoded bytes received
 ///   exceed the limit; a header line over libcurl's 100 KiB, or a header
 ///   section over `Transfer.maxHeaderBytes` (256 KiB).
+///   Also (not retried) when the job's `ByteBudget` cannot take a declared
+///   length or the bytes received: the job's responses together are over it.
 /// - `http_status`: a final status outside 2xx and `acceptStatus` (5xx and 429 retried).
 /// - `invalid_json`: `expect: json` and the body does not parse.
 /// - `cancelled`: `FetchHandle.cancel()` or `shutdown()`.
@@ -76,16 +78,18 @@ public final class Fetcher: @unchecked Sendable {
     /// - Parameters:
     ///   - request: what to fetch.
     ///   - timeoutMs: the limit of each attempt's whole transfer, connect included; none if `nil`.
+    ///   - budget: the job's byte budget, which every body chunk received is counted against; the chunk that
+    ///     would cross it fails the transfer with `too_large` (not retried). `nil`: no budget.
     ///   - onAttempt: called on the fetcher's thread when attempt `n` (from 1) starts.
     ///   - completion: called exactly once with the outcome, on the fetcher's thread
     ///     (on the caller's thread if the fetcher is already shut down).
     /// - Returns: a handle that cancels the transfer.
     @discardableResult
     public func start(
-        _ request: FetchRequest, timeoutMs: Int? = nil, onAttempt: (@Sendable (Int) -> Void)? = nil,
-        completion: @escaping @Sendable (FetchOutcome) -> Void
+        _ request: FetchRequest, timeoutMs: Int? = nil, budget: ByteBudget? = nil,
+        onAttempt: (@Sendable (Int) -> Void)? = nil, completion: @escaping @Sendable (FetchOutcome) -> Void
     ) -> FetchHandle {
-        loop.start(request, timeoutMs: timeoutMs, onAttempt: onAttempt, completion: completion)
+        loop.start(request, timeoutMs: timeoutMs, budget: budget, onAttempt: onAttempt, completion: completion)
     }
 
     /// Transfers started and not yet completed (backoff waits included).
@@ -111,6 +115,11 @@ final class Transfer {
     let method: String
     let timeoutMs: Int?
     let maxBytes: Int
+    /// The job's budget the body bytes are counted against, if any.
+    let budget: ByteBudget?
+    /// What the current attempt's body took from `budget`, and what `lastResponse`'s body holds of it.
+    var countedBytes = 0
+    var lastResponseCounted = 0
     // Dropped once the transfer completes, so a closure that captures the
     // transfer's handle does not keep both alive.
     var onAttempt: (@Sendable (Int) -> Void)?
@@ -142,12 +151,13 @@ final class Transfer {
     /// `errno` of a failed `socket()` in the opensocket callback.
     var socketErrno: Int32 = 0
 
-    init(request: FetchRequest, timeoutMs: Int?, maxBytes: Int, denyList: [AddressRange],
+    init(request: FetchRequest, timeoutMs: Int?, maxBytes: Int, budget: ByteBudget? = nil, denyList: [AddressRange],
          onAttempt: (@Sendable (Int) -> Void)?, completion: @escaping @Sendable (FetchOutcome) -> Void) {
         self.request = request
         self.method = request.method.uppercased()
         self.timeoutMs = timeoutMs
         self.maxBytes = maxBytes
+        self.budget = budget
         self.denyList = denyList
         self.onAttempt = onAttempt
         self.completion = completion
@@ -261,12 +271,22 @@ final class Transfer {
         {
             return true
         }
-        if let declared = headers.first(where: { $0.name == "content-length" }), let length = Int(declared.value),
-            length > maxBytes, method != "HEAD"
-        {
+        guard method != "HEAD", let declared = headers.first(where: { $0.name == "content-length" }),
+            let length = Int(declared.value), length >= 0
+        else { return true }
+        if length > maxBytes {
             tooLargeReason = bodyTooLarge
             return false
         }
+        // A declared length the job's budget cannot take fails before any of it arrives (other fetches of the job
+        // may take some of what is left meanwhile, so the body itself is still counted).
+        if let budget, length > budget.remaining {
+            tooLargeReason = budget.exceeded
+            return false
+        }
+        // One buffer of the declared size, within the limits just checked: grown by doubling instead, a 10 MB
+        // body would be copied some 20 times and end in a 16 MiB buffer.
+        if body.isEmpty { body.reserveCapacity(length) }
         return true
     }
 
@@ -280,6 +300,13 @@ final class Transfer {
         if body.count + chunk.count > maxBytes {
             tooLargeReason = bodyTooLarge
             return false
+        }
+        if let budget {
+            guard budget.take(chunk.count) else {
+                tooLargeReason = budget.exceeded
+                return false
+            }
+            countedBytes += chunk.count
         }
         body.append(contentsOf: chunk)
         return true
@@ -414,12 +441,12 @@ final class FetchLoop: @unchecked Sendable {
     var stats: FetcherStats { mutex.withLock { counters } }
 
     func start(
-        _ request: FetchRequest, timeoutMs: Int?, onAttempt: (@Sendable (Int) -> Void)?,
+        _ request: FetchRequest, timeoutMs: Int?, budget: ByteBudget?, onAttempt: (@Sendable (Int) -> Void)?,
         completion: @escaping @Sendable (FetchOutcome) -> Void
     ) -> FetchHandle {
         let transfer = Transfer(
             request: request, timeoutMs: timeoutMs, maxBytes: request.maxBytes ?? configuration.maxResponseBytes,
-            denyList: denyList, onAttempt: onAttempt, completion: completion)
+            budget: budget, denyList: denyList, onAttempt: onAttempt, completion: completion)
         let accepted = mutex.withLock { () -> Bool in
             guard !stopping else { return false }
             wakeIfFirstQueued()
@@ -645,6 +672,8 @@ final class FetchLoop: @unchecked Sendable {
             return
         case .running:
             releaseEasy(transfer)
+            transfer.budget?.giveBack(transfer.countedBytes)
+            transfer.countedBytes = 0
         case .backoff:
             waiting.removeAll(where: { $0 === transfer })
         case .queued:
@@ -698,6 +727,10 @@ final class FetchLoop: @unchecked Sendable {
                 status: statusCode, headers: transfer.headers, body: .null, bodyEncoding: "text", rawBody: transfer.body,
                 contentType: contentType, bytes: transfer.body.count, elapsedMs: elapsed, url: finalURL)
             response.httpVersion = FetchResponse.httpVersion(curlCode: versionCode)
+            // This answer takes the place of an earlier attempt's, whose bytes are no longer held.
+            transfer.budget?.giveBack(transfer.lastResponseCounted)
+            transfer.lastResponseCounted = transfer.countedBytes
+            transfer.countedBytes = 0
             switch decoded {
             case .value(let (value, encoding)):
                 response.body = value
@@ -717,6 +750,9 @@ final class FetchLoop: @unchecked Sendable {
             failure = NodeError(.httpStatus, "\(what) answered \(statusCode)", status: statusCode)
             retryable = statusCode >= 500 || statusCode == 429
         } else {
+            // The attempt's partial body is thrown away.
+            transfer.budget?.giveBack(transfer.countedBytes)
+            transfer.countedBytes = 0
             (failure, retryable) = classify(code, transfer: transfer, what: what, detail: detail)
         }
 
@@ -820,7 +856,11 @@ final class FetchLoop: @unchecked Sendable {
         let completion = transfer.completion
         transfer.completion = nil
         transfer.onAttempt = nil
-        completion?(FetchOutcome(result: result, attempts: transfer.attempts, lastResponse: transfer.lastResponse))
+        let finished = FetchOutcome(result: result, attempts: transfer.attempts, lastResponse: transfer.lastResponse)
+        // The outcome has the bytes now: a handle kept after the end (a job's, a coalesced transfer's) keeps none.
+        transfer.lastResponse = nil
+        transfer.body = []
+        completion?(finished)
     }
 }
 

@@ -150,6 +150,7 @@ extension JobRun {
         transfers[i] = engine.fetcher.start(
             request,
             timeoutMs: nil,
+            budget: byteBudget,
             onAttempt: { [weak self] attempt in
                 guard let run = self else { return }
                 engine.queue.async { run.pageAttemptStarted(i, attempt: prior + attempt) }
@@ -193,7 +194,7 @@ extension JobRun {
         let response: FetchResponse
         switch outcome.result {
         case .failure(var error):
-            if error.kind == .tooLarge, walk.pages > 0 {
+            if error.kind == .tooLarge, walk.pages > 0, !ByteBudget.isBudgetFailure(error) {
                 error.message = "\(walk.first.method) \(walk.first.url): page \(walk.pages + 1) takes the pages over "
                     + "\(walk.budget) bytes together (max_bytes bounds the sum of all pages; \(walk.bytes) bytes before it)"
             }

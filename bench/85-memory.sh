@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The server's resident memory under big responses: nginx serves a 10 MB JSON file and a 1 MB one on loopback; the
+# release server, with default flags (so `--max-job-bytes 64MiB`, `--max-response-bytes 10MiB`), runs
+#   (i)   one job, a `list` of N fetches of the 10 MB file,
+#   (ii)  JOBS such jobs submitted at once,
+#   (iii) one job, a `list` of N fetches of the 1 MB file,
+# each on a fresh server and SQLite file. Measured from /proc/<pid>/status: the peak RSS until the jobs settled
+# (VmHWM), the peak until the store has written them and they have left memory (the engine keeps a settled job
+# until its last state is committed; `jobserver_nodes` on /metrics counts the nodes of the jobs in memory), the RSS
+# SETTLE s after that (VmRSS), then the peak after one `GET` of each settled job (its whole answer); and each job's
+# outcome: its state and how many fetches succeeded or failed with which kind. Target: RSS <= 256 MiB.
+# N (default 100), JOBS (default 4), BIG_BYTES (10000000), SMALL_BYTES (1000000), SETTLE (5 s) and CONFIG (release,
+# or debug for a quick check) may be set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+N=${N:-100}
+JOBS=${JOBS:-4}
+BIG_BYTES=${BIG_BYTES:-10000000}
+SMALL_BYTES=${SMALL_BYTES:-1000000}
+SETTLE=${SETTLE:-5}
+CONFIG=${CONFIG:-release}
+TARGET_MIB=256
+
+for tool in curl jq python3 nginx; do
+  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
+done
+bench_setup
+
+echo "building jobserver ($CONFIG)" >&2
+swift build -c "$CONFIG" --product jobserver >&2
+bin=$(swift build -c "$CONFIG" --show-bin-path)
+
+mkdir -p "$tmp/www"
+# Valid JSON of exactly the size asked: {"data":"xxx…"}.
+python3 - "$tmp/www" "$BIG_BYTES" "$SMALL_BYTES" <<'PY'
+import sys
+root, big, small = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for name, size in (("big.json", big), ("small.json", small)):
+    with open(f"{root}/{name}", "w") as f:
+        f.write('{"data":"' + "x" * (size - 11) + '"}')
+PY
+chmod 644 "$tmp/www/"*.json
+start_nginx "$tmp/www"
+wait_for "http://127.0.0.1:$nginx_port/small.json" || { tail -5 "$tmp/logs/error.log" >&2; exit 1; }
+
+# job_body FILE: a list of N fetches of FILE, each URL its own (no sharing between them).
+job_body() {
+  python3 - "$1" "$N" "$nginx_port" <<'PY'
+import json, sys
+name, n, port = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+print(json.dumps({"graph": {"type": "list", "children": [
+    {"type": "fetch", "url": f"http://127.0.0.1:{port}/{name}?i={i}"} for i in range(1, n + 1)]}}))
+PY
+}
+
+# kib FIELD PID: a field of /proc/PID/status (VmRSS, VmHWM), in KiB.
+kib() { awk -v f="$1:" '$1 == f {print $2}' "/proc/$2/status"; }
+mib() { awk -v k="$1" 'BEGIN{printf "%.0f", k/1024}'; }
+
+rows=()
+# scenario LABEL FILE COUNT: COUNT jobs of N fetches of FILE at once on a fresh server; adds a row.
+scenario() {
+  local label="$1" file="$2" count="$3" port server base ids=() subs=() id k state outcomes start base_kib hwm_kib
+  local written_kib settled_kib get_kib run_ms write_ms in_memory
+  port=$(free_port)
+  rm -rf "$tmp/db"
+  "$bin/jobserver" serve --host 127.0.0.1 --port "$port" --db "$tmp/db/jobs.sqlite" 2>"$tmp/server-$label.log" &
+  server=$!
+  pids+=("$server")
+  base="http://127.0.0.1:$port"
+  wait_for "$base/healthz"
+  base_kib=$(kib VmRSS "$server")
+  job_body "$file" >"$tmp/job.json"
+  start=$(date +%s%N)
+  for ((k = 0; k < count; k++)); do
+    curl -sS -H 'Content-Type: application/json' --data-binary @"$tmp/job.json" "$base/v1/jobs" >"$tmp/answer-$k.json" &
+    subs+=($!)
+  done
+  wait "${subs[@]}"
+  for ((k = 0; k < count; k++)); do
+    id=$(jq -r .id "$tmp/answer-$k.json")
+    [ -n "$id" ] && [ "$id" != null ] || { echo "$label: submission $k refused: $(head -c 300 "$tmp/answer-$k.json")" >&2; exit 1; }
+    ids+=("$id")
+  done
+  # Settled is read from the node list (no results), so that waiting builds no big answer; bounded: 600 s.
+  for id in "${ids[@]}"; do
+    for _ in $(seq 1 1200); do
+      state=$(curl -sS "$base/v1/jobs/$id/nodes" | jq -r '.nodes[0].state')
+      case "$state" in pending|running) sleep 0.5 ;; *) break ;; esac
+    done
+    case "$state" in pending|running) echo "$label: job $id not settled in 600 s" >&2; exit 1 ;; esac
+  done
+  run_ms=$(ms_since "$start")
+  hwm_kib=$(kib VmHWM "$server")
+  start=$(date +%s%N)
+  # Bounded: 600 s.
+  for _ in $(seq 1 6000); do
+    in_memory=$(curl -sS "$base/metrics" | awk '$1 ~ /^jobserver_nodes\{/ {n += $2} END {print n + 0}')
+    [ "$in_memory" = 0 ] && break
+    sleep 0.1
+  done
+  [ "$in_memory" = 0 ] || { echo "$label: jobs still in memory after 600 s" >&2; exit 1; }
+  write_ms=$(ms_since "$start")
+  written_kib=$(kib VmHWM "$server")
+  sleep "$SETTLE"
+  settled_kib=$(kib VmRSS "$server")
+  for id in "${ids[@]}"; do
+    curl -sS "$base/v1/jobs/$id/nodes" \
+      | jq -r '[.nodes[0].state] + ([.nodes[1:][] | if .state == "succeeded" then "succeeded" else (.error.kind // .state) end]
+               | group_by(.) | map("\(length) \(.[0])")) | "\(.[0]): \(.[1:] | join(", "))"' >>"$tmp/outcomes-$label"
+    curl -sS -o /dev/null "$base/v1/jobs/$id"
+  done
+  get_kib=$(kib VmHWM "$server")
+  outcomes=$(sort "$tmp/outcomes-$label" | uniq -c | awk '{c=$1; $1=""; sub(/^ /, ""); printf "%s%s", (NR>1 ? "; " : ""), (c>1 ? c " jobs " : "") $0}')
+  kill "$server"
+  wait "$server" 2>/dev/null || true
+  local verdict; verdict=$(awk -v a="$get_kib" -v t="$TARGET_MIB" 'BEGIN{print (a/1024 <= t) ? "met" : "missed"}')
+  echo "$label: start $(mib "$base_kib") MiB, peak $(mib "$hwm_kib") MiB until settled, $(mib "$written_kib") MiB until written, then $(mib "$settled_kib") MiB; peak with GETs $(mib "$get_kib") MiB; settled in $run_ms ms, written $write_ms ms later; $outcomes" >&2
+  rows+=("| $label | $(mib "$base_kib") | **$(mib "$hwm_kib")** | **$(mib "$written_kib")** | $(mib "$settled_kib") | $(mib "$get_kib") | $run_ms | $write_ms | $outcomes | $verdict |")
+}
+
+big_mb=$(awk -v b="$BIG_BYTES" 'BEGIN{printf "%g", b/1e6}')
+small_mb=$(awk -v b="$SMALL_BYTES" 'BEGIN{printf "%g", b/1e6}')
+scenario "1 job × $N × $big_mb MB" big.json 1
+scenario "$JOBS jobs × $N × $big_mb MB" big.json "$JOBS"
+scenario "1 job × $N × $small_mb MB" small.json 1
+
+cat <<MD
+## Memory under big responses
+
+nginx $(nginx_version) serves a JSON file of $BIG_BYTES bytes and one of $SMALL_BYTES bytes on 127.0.0.1. The
+jobserver ($CONFIG, default flags: \`--max-job-bytes 64MiB\`, \`--max-response-bytes 10MiB\`) runs each case on a fresh
+server and SQLite file: jobs that are a \`list\` of $N fetches of one file (each URL its own), submitted at once.
+RSS in MiB from \`/proc/<pid>/status\`: at start; the peak until all had settled (\`VmHWM\`, waiting on their node
+lists, which carry no results); the peak until the store had written them and they had left memory (the engine
+keeps a settled job until its last state is committed; \`jobserver_nodes\` on \`/metrics\` counts the nodes in
+memory); the RSS $SETTLE s after that (\`VmRSS\`); and the peak once each settled job was read whole with
+\`GET /v1/jobs/{id}\`. Then ms from the submissions to settled, and from settled to out of memory. Outcome: the
+job's state, then its fetches by outcome. One run each; the target is checked on the last peak, the highest.
+
+| case | start | peak until settled | peak until written | after | peak with GET | ms to settle | ms to write | outcome | target ≤ $TARGET_MIB MiB |
+|---|---:|---:|---:|---:|---:|---:|---:|---|---|
+$(printf '%s\n' "${rows[@]}")
+MD
