@@ -2,33 +2,29 @@
 ///
 /// Fetches wait here, as a few bytes each, until a slot is free both in total
 /// and for their host; only then are they handed to the fetcher (where each
-/// transfer costs a curl handle). Waiting fetches are grouped in lanes, one per
-/// (job, host), served round-robin, so that one job's fan-out of 10,000 calls
-/// neither floods an upstream nor starves other jobs. Owned by the engine's
-/// queue; not thread-safe.
+/// transfer costs a curl handle). Waiting fetches are grouped by host, and
+/// within a host in lanes, one per job, served round-robin, so that one job's
+/// fan-out of 10,000 calls neither floods an upstream nor starves other jobs.
+/// Every limit is a host's (its slots, its rate), so finding the next fetch
+/// looks at each waiting host once, however many jobs wait on it. Owned by the
+/// engine's queue; not thread-safe.
 struct FetchQueue {
     struct Ticket {
         var jobID: String
         var node: Int
     }
 
-    private struct LaneKey: Hashable {
-        var jobID: String
-        var host: String
-    }
-
+    /// One job's fetches waiting for one host, in the order they were queued.
     private struct Lane {
         var tickets: [Ticket] = []
         var head = 0
-        /// Since when (monotonic ns) the head ticket could start but for its host's rate.
-        var rateBlockedSinceNs: UInt64?
         var isEmpty: Bool { head >= tickets.count }
+        var count: Int { tickets.count - head }
 
         mutating func pop() -> Ticket? {
             guard head < tickets.count else { return nil }
             let t = tickets[head]
             head += 1
-            rateBlockedSinceNs = nil
             if head > 1024, head * 2 > tickets.count {
                 tickets.removeFirst(head)
                 head = 0
@@ -37,10 +33,59 @@ struct FetchQueue {
         }
     }
 
+    /// The fetches waiting for one host: a lane per job, taken in turn.
+    private struct HostLanes {
+        var lanes: [String: Lane] = [:]
+        var ring: [String] = []
+        var cursor = 0
+        var waiting = 0
+        /// Since when (monotonic ns) the host's next fetch could start but for its rate.
+        var rateBlockedSinceNs: UInt64?
+
+        mutating func append(_ ticket: Ticket) {
+            if lanes[ticket.jobID] == nil { ring.append(ticket.jobID) }
+            lanes[ticket.jobID, default: Lane()].tickets.append(ticket)
+            waiting += 1
+        }
+
+        /// The next job's oldest fetch; the job's turn passes to the next job.
+        mutating func pop() -> Ticket? {
+            while !ring.isEmpty {
+                if cursor >= ring.count { cursor = 0 }
+                let job = ring[cursor]
+                if let ticket = lanes[job]?.pop() {
+                    waiting -= 1
+                    if lanes[job]?.isEmpty ?? true {
+                        lanes[job] = nil
+                        ring.remove(at: cursor)
+                    } else {
+                        cursor += 1
+                    }
+                    return ticket
+                }
+                lanes[job] = nil
+                ring.remove(at: cursor)
+            }
+            return nil
+        }
+
+        /// Drops the job's lane; how many fetches it held.
+        mutating func remove(job: String) -> Int {
+            guard let lane = lanes.removeValue(forKey: job) else { return 0 }
+            if let k = ring.firstIndex(of: job) {
+                ring.remove(at: k)
+                if cursor > k { cursor -= 1 }
+            }
+            waiting -= lane.count
+            return lane.count
+        }
+    }
+
     let maxTotal: Int
     let maxPerHost: Int
-    private var lanes: [LaneKey: Lane] = [:]
-    private var ring: [LaneKey] = []
+    /// Hosts with fetches waiting, and the order they are served in.
+    private var hosts: [String: HostLanes] = [:]
+    private var hostRing: [String] = []
     private var cursor = 0
     private var hostInFlight: [String: Int] = [:]
     private(set) var inFlight = 0
@@ -66,60 +111,54 @@ struct FetchQueue {
     }
 
     mutating func enqueue(_ ticket: Ticket, host: String) {
-        let key = LaneKey(jobID: ticket.jobID, host: host)
-        if lanes[key] == nil {
-            lanes[key] = Lane()
-            ring.append(key)
-        }
-        lanes[key]?.tickets.append(ticket)
+        if hosts[host] == nil { hostRing.append(host) }
+        hosts[host, default: HostLanes()].append(ticket)
         waiting += 1
     }
 
     /// The next ticket that may start now, with its host; its slot is taken.
     mutating func next() -> (Ticket, String)? {
         rateDueNs = nil
-        guard inFlight < maxTotal, !ring.isEmpty else { return nil }
+        guard inFlight < maxTotal, !hostRing.isEmpty else { return nil }
         let now: UInt64 = rateLimiter.isEmpty || rateLimiter.booksInStore ? 0 : HostRateLimiter.nowNs()
         var tried = 0
-        while tried < ring.count {
-            if cursor >= ring.count { cursor = 0 }
-            let key = ring[cursor]
-            guard var lane = lanes[key], !lane.isEmpty else {
-                lanes[key] = nil
-                ring.remove(at: cursor)
+        while tried < hostRing.count {
+            if cursor >= hostRing.count { cursor = 0 }
+            let host = hostRing[cursor]
+            // Read field by field: a copy of the host's lanes held across the `pop` below would make it copy them.
+            guard let waitingHere = hosts[host]?.waiting, waitingHere > 0 else {
+                hosts[host] = nil
+                hostRing.remove(at: cursor)
                 continue
             }
-            guard hostInFlight[key.host, default: 0] < maxPerHost else {
+            guard hostInFlight[host, default: 0] < maxPerHost else {
                 cursor += 1
                 tried += 1
                 continue
             }
-            if let due = rateLimiter.take(hostKey: key.host, nowNs: now) {
+            if let due = rateLimiter.take(hostKey: host, nowNs: now) {
                 rateDueNs = min(rateDueNs ?? due, due)
-                if lane.rateBlockedSinceNs == nil { lanes[key]?.rateBlockedSinceNs = now }
+                if hosts[host]?.rateBlockedSinceNs == nil { hosts[host]?.rateBlockedSinceNs = now }
                 cursor += 1
                 tried += 1
                 continue
             }
-            if let since = lane.rateBlockedSinceNs {
+            if let since = hosts[host]?.rateBlockedSinceNs {
                 rateWaitNs += now > since ? now - since : 0
                 rateLimitedStarts += 1
+                hosts[host]?.rateBlockedSinceNs = nil
             }
-            if let ticket = lane.pop() {
-                waiting -= 1
-                inFlight += 1
-                hostInFlight[key.host, default: 0] += 1
-                if lane.isEmpty {
-                    lanes[key] = nil
-                    ring.remove(at: cursor)
-                } else {
-                    lanes[key] = lane
-                    cursor += 1
-                }
-                return (ticket, key.host)
+            guard let ticket = hosts[host]?.pop() else { continue }
+            waiting -= 1
+            inFlight += 1
+            hostInFlight[host, default: 0] += 1
+            if hosts[host]?.waiting == 0 {
+                hosts[host] = nil
+                hostRing.remove(at: cursor)
+            } else {
+                cursor += 1
             }
-            cursor += 1
-            tried += 1
+            return (ticket, host)
         }
         return nil
     }
@@ -133,17 +172,9 @@ struct FetchQueue {
 
     /// Drops every waiting ticket of a job.
     mutating func removeJob(_ jobID: String) {
-        var kept: [LaneKey] = []
-        for key in ring {
-            if key.jobID == jobID {
-                if let lane = lanes[key] { waiting -= lane.tickets.count - lane.head }
-                lanes[key] = nil
-            } else {
-                kept.append(key)
-            }
+        for host in hostRing {
+            waiting -= hosts[host]?.remove(job: jobID) ?? 0
         }
-        ring = kept
-        cursor = 0
     }
 
     /// `scheme://host:port` of a URL, lowercased: the unit of the per-host limit.
