@@ -60,9 +60,12 @@ PY
     start=$(date +%s%N)
     id=$(curl -sS -H 'Content-Type: application/json' --data-binary @"$tmp/job.json" "$base/v1/jobs" | tee "$tmp/answer.json" | jq -r .id)
     state=running
-    # Bounded: each long-poll waits at most 60 s.
+    # Bounded: each long-poll waits at most 60 s. The whole answer is received, as curl receives every file, but
+    # not parsed: jq took 0.14 s of CPU on the 10 MB answer of 10,000 fetches and 1.1 s on the 100 MB one, time of
+    # this client's, not the server's. The job's `state` is its third member, so it is in the answer's first bytes.
     for _ in $(seq 1 10); do
-      state=$(curl -sS "$base/v1/jobs/$id?wait=60" | jq -r .state)
+      curl -sS -o "$tmp/settled.json" "$base/v1/jobs/$id?wait=60"
+      state=$({ head -c 4096 "$tmp/settled.json" | grep -o -m1 '"state":"[a-z]*"' || true; } | head -1 | cut -d'"' -f4)
       [ "$state" = pending ] || [ "$state" = running ] || break
     done
     [ "$state" = succeeded ] || { echo "the $n-fetch job ended $state: $(head -c 300 "$tmp/answer.json")" >&2; exit 1; }
