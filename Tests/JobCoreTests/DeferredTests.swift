@@ -871,4 +871,36 @@ extension DeferredTests {
         XCTAssertTrue((observer.result as? Failure)?.error is TimedOut)
         XCTAssertFalse(source.isCalled)
     }
+
+    /// The casts the chains make answer as `as?` does, for every kind of value a chain carries.
+    func testClassCastAnswersAsAsDoesWithoutBridging() {
+        let failure = Failure(DeferredError.cancelled)
+        let list = DeferredList([])
+        let plain = Deferred()
+        XCTAssertTrue(Failure.from(failure) === failure)
+        XCTAssertNil(Deferred.from(failure))
+        XCTAssertTrue(Deferred.from(list) === list, "a subclass is a Deferred")
+        XCTAssertTrue(Deferred.from(plain) === plain)
+        XCTAssertNil(Failure.from(plain))
+        let results: [Any?] = [JSONValue.string("a"), failure, nil]
+        for value: Any? in [JSONValue.null, JSONValue.array([.string("x")]), results, [JSONValue.null], "text", 1, nil] {
+            XCTAssertNil(Failure.from(value))
+            XCTAssertNil(Deferred.from(value))
+        }
+        // A value that holds an optional holding a Deferred is one, as `as?` says.
+        let wrapped: Deferred? = plain
+        let nested: Any? = .some(wrapped as Any)
+        XCTAssertTrue(Deferred.from(nested) === plain)
+        XCTAssertTrue((nested as? Deferred) === plain)
+        // A list's results (`[Any?]`) with failures in them go down the callback path, not the errback's.
+        let child = Deferred()
+        let parent = DeferredList([child])
+        var seen: Any?
+        parent.then { value in
+            seen = value
+            return value
+        }
+        _ = try? child.takeError(failure)
+        XCTAssertTrue(((seen as? [Any?])?.first ?? nil) as? Failure === failure)
+    }
 }

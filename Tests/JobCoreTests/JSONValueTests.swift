@@ -1,4 +1,5 @@
 import XCTest
+import Foundation
 @testable import JobCore
 
 final class JSONValueTests: XCTestCase {
@@ -25,6 +26,47 @@ final class JSONValueTests: XCTestCase {
         XCTAssertEqual(JSONValue.string("").text, #""""#)
         let long = String(repeating: "x", count: 100_000)
         XCTAssertEqual(JSONValue.string(long).text, "\"" + long + "\"")
+    }
+
+    /// The writer skips eight bytes at a time where none needs an escape: a byte that does is escaped at every
+    /// offset within and across those words, beside bytes of 0x80 and above, as a byte-at-a-time writer does it.
+    func testEscapesAreFoundAtEveryOffsetOfTheWordWiseScan() throws {
+        func reference(_ text: String) -> String {
+            var out = "\""
+            for scalar in text.unicodeScalars {
+                switch scalar {
+                case "\"": out += "\\\""
+                case "\\": out += "\\\\"
+                case "\n": out += "\\n"
+                case "\r": out += "\\r"
+                case "\t": out += "\\t"
+                case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
+                default: out.unicodeScalars.append(scalar)
+                }
+            }
+            return out + "\""
+        }
+        let specials = (0..<0x20).map { String(UnicodeScalar(UInt8($0))) } + ["\"", "\\"]
+        for filler in ["x", "é", "\u{7f}", "😀", "!"] {
+            for special in specials {
+                for offset in 0..<20 {
+                    let text = String(repeating: filler, count: offset) + special + String(repeating: filler, count: 19 - offset)
+                    XCTAssertEqual(JSONValue.string(text).text, reference(text), "offset \(offset) of \(filler)")
+                }
+            }
+            let plain = String(repeating: filler, count: 37)
+            XCTAssertEqual(JSONValue.string(plain).text, reference(plain))
+        }
+        // Bytes just beside the escaped ones (0x20, 0x21, 0x23, 0x5B, 0x5D) pass as they are.
+        let neighbours = String(repeating: " !#[]", count: 8)
+        XCTAssertEqual(JSONValue.string(neighbours).text, "\"" + neighbours + "\"")
+    }
+
+    func testUnescapedByteCountIsTheLengthWhenNothingIsEscapedAndALowerBoundOtherwise() throws {
+        let plain = try JSONValue.parse(#"{"a":[1,true,false,null,"xyz",{"é":"😀"}],"bb":[],"c":{}}"#)
+        XCTAssertEqual(plain.unescapedByteCount, plain.bytes.count)
+        let escaped = JSONValue.array([.string("a\"b\n"), .object(["k\\": .string("\u{01}")])])
+        XCTAssertLessThan(escaped.unescapedByteCount, escaped.bytes.count)
     }
 
     func testRefusesMalformedInput() {

@@ -209,3 +209,23 @@ final class HostRateLimiterTests: XCTestCase {
         XCTAssertEqual(try HostRate(parsing: "API.Local=20/s").host, "api.local")
     }
 }
+
+/// The key of the per-host limit, found in a URL's bytes.
+final class FetchQueueHostKeyTests: XCTestCase {
+    func testTheKeyIsSchemeHostAndPortLowercasedWithoutUserinfoPathOrQuery() {
+        let rows: [(url: String, key: String)] = [
+            ("http://127.0.0.1:8080/data.json?i=1", "http://127.0.0.1:8080"),
+            ("HTTPS://API.Example.COM/x#frag", "https://api.example.com"),
+            ("http://user:pw@host:81/p", "http://host:81"),
+            ("http://a@b@host?q=1", "http://host"),
+            ("http://@host/", "http://host"),
+            ("http://user@/p", "http://user"),
+            ("http://@@/p", "http://@@"),
+            ("http://host#x@y", "http://host"),
+            ("http:///path", "http://"),
+            ("http://ÉTÉ.example/", "http://été.example"),
+            ("not a url", "not a url"),
+        ]
+        for row in rows { XCTAssertEqual(FetchQueue.hostKey(of: row.url), row.key, row.url) }
+    }
+}

@@ -63,7 +63,7 @@ public class Deferred {
     deinit {
         // A long chain of unfired Deferreds, each holding the next through a continuation link or a
         // paused result, would otherwise be released recursively, one stack frame group per level.
-        guard !chain.isEmpty || currentResult is Deferred else { return }
+        guard !chain.isEmpty || Deferred.from(currentResult) != nil else { return }
         var pending: [Deferred] = []
         Deferred.detachReferences(chain: &chain, result: &currentResult, into: &pending)
         while var next = pending.popLast() {
@@ -80,7 +80,7 @@ public class Deferred {
             }
         }
         chain = []
-        if let waitedOn = result as? Deferred {
+        if let waitedOn = Deferred.from(result) {
             pending.append(waitedOn)
             result = nil
         }
@@ -262,7 +262,7 @@ public class Deferred {
     }
 
     private func replacingCancellation(_ value: Any?) -> Any? {
-        if let replacement = cancellationReplacement, let failure = value as? Failure, failure.isCancellation {
+        if let replacement = cancellationReplacement, let failure = Failure.from(value), failure.isCancellation {
             cancellationReplacement = nil
             return replacement
         }
@@ -311,7 +311,7 @@ public class Deferred {
             if !called {
                 fire(Failure.cancellation())
             }
-        } else if let waitedOn = currentResult as? Deferred {
+        } else if let waitedOn = Deferred.from(currentResult) {
             waitedOn.cancel()
         }
     }
@@ -363,7 +363,7 @@ public class Deferred {
                 current.chainHead += 1
                 switch link {
                 case .continuation(let waiting):
-                    if waiting.called && !(waiting.currentResult is Deferred) {
+                    if waiting.called && Deferred.from(waiting.currentResult) == nil {
                         continue links  // a notified Deferred that was fired directly meanwhile
                     }
                     waiting.currentResult = waiting.replacingCancellation(current.currentResult)
@@ -377,10 +377,10 @@ public class Deferred {
                     let output = Deferred.process(current.currentResult, callback, errback)
                     current.runningCallbacks = false
                     current.currentResult = output
-                    guard let inner = output as? Deferred else { continue links }
+                    guard let inner = Deferred.from(output) else { continue links }
                     if inner === current {
                         current.currentResult = Failure(DeferredError.chainedToItself)
-                    } else if !inner.called || inner.currentResult is Deferred || inner.pauseCount > 0 {
+                    } else if !inner.called || Deferred.from(inner.currentResult) != nil || inner.pauseCount > 0 {
                         // No result there yet: wait for it. The inner Deferred is not running its
                         // chain now, so the continuation can be appended directly.
                         current.pauseCount += 1
@@ -411,7 +411,7 @@ public class Deferred {
 
     private static func process(_ input: Any?, _ callback: Callback?, _ errback: Errback?) -> Any? {
         do {
-            if let failure = input as? Failure {
+            if let failure = Failure.from(input) {
                 guard let errback else { return input }
                 return try errback(failure)
             }
@@ -430,7 +430,7 @@ extension Deferred: CustomDebugStringConvertible {
         if !called {
             return "<Deferred \(id)\(chained ? " (notified by another Deferred)" : "")>"
         }
-        if let waitedOn = currentResult as? Deferred {
+        if let waitedOn = Deferred.from(currentResult) {
             return "<Deferred \(id) (waiting on \(ObjectIdentifier(waitedOn)))>"
         }
         return "<Deferred \(id) (result: \(String(describing: currentResult)))>"

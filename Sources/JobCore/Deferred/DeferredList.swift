@@ -60,14 +60,14 @@ public final class DeferredList: Deferred {
     }
 
     private func childFinished(_ index: Int, _ result: Any?) -> Any? {
-        if let inner = result as? Deferred {
+        if let inner = Deferred.from(result) {
             // Fired with a Deferred as its value: record what that one produces instead.
             inner.both { [self] innerResult in self.childFinished(index, innerResult) }
             return inner
         }
         results[index] = result
         finishedCount += 1
-        let failure = result as? Failure
+        let failure = Failure.from(result)
         if !isCalled {
             if failure == nil && fireOnFirstResult {
                 fire(result)

@@ -178,11 +178,42 @@ struct FetchQueue {
     }
 
     /// `scheme://host:port` of a URL, lowercased: the unit of the per-host limit.
+    ///
+    /// Found in the URL's UTF-8 bytes: it is taken once per fetch, and Foundation's `range(of:)` cost more than the
+    /// rest of queueing one.
     static func hostKey(of url: String) -> String {
-        guard let schemeEnd = url.range(of: "://") else { return url }
-        let rest = url[schemeEnd.upperBound...]
-        let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
-        let hostPort = authority.split(separator: "@").last.map(String.init) ?? String(authority)
-        return (String(url[..<schemeEnd.lowerBound]) + "://" + hostPort).lowercased()
+        let bytes = url.utf8
+        // The first `://`, by hand: the generic `firstRange(of:)` cost as much as the Foundation search did.
+        var schemeEnd: Range<String.UTF8View.Index>?
+        var i = bytes.startIndex
+        while i < bytes.endIndex, schemeEnd == nil {
+            let next = bytes.index(after: i)
+            if bytes[i] == UInt8(ascii: ":"), next < bytes.endIndex, bytes[next] == UInt8(ascii: "/") {
+                let third = bytes.index(after: next)
+                if third < bytes.endIndex, bytes[third] == UInt8(ascii: "/") { schemeEnd = i..<bytes.index(after: third) }
+            }
+            i = next
+        }
+        guard let schemeEnd else { return url }
+        let rest = bytes[schemeEnd.upperBound...]
+        let authorityEnd = rest.firstIndex { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }
+        let authority = rest[..<(authorityEnd ?? rest.endIndex)]
+        // The last part between `@`s that is not empty: userinfo is not part of the key.
+        var hostPort = authority
+        var segmentStart = authority.startIndex
+        i = authority.startIndex
+        while i < authority.endIndex {
+            let next = authority.index(after: i)
+            if authority[i] == UInt8(ascii: "@") {
+                if segmentStart < i { hostPort = authority[segmentStart..<i] }
+                segmentStart = next
+            }
+            i = next
+        }
+        if segmentStart < authority.endIndex { hostPort = authority[segmentStart...] }
+        var key = String(decoding: bytes[..<schemeEnd.lowerBound], as: UTF8.self)
+        key += "://"
+        key += String(decoding: hostPort, as: UTF8.self)
+        return key.lowercased()
     }
 }

@@ -209,7 +209,7 @@ final class MapRunner {
         if let tolerated = spec.toleratedFailures {
             for (k, child) in children.enumerated() {
                 child.both { [weak self] result in
-                    if let self, let failure = result as? Failure, !JobRun.isCancellation(failure) {
+                    if let self, let failure = Failure.from(result), !JobRun.isCancellation(failure) {
                         self.copyFailed(JobRun.nodeError(failure, node: self.run.graph.nodes[roots[k]].id), tolerated: tolerated)
                     }
                     return result
@@ -236,7 +236,7 @@ final class MapRunner {
         }
         list.both { [weak self] result in
             if let self, !self.deferred.isCalled {
-                if let failure = result as? Failure {
+                if let failure = Failure.from(result) {
                     _ = try? self.deferred.takeError(failure)
                 } else {
                     _ = try? self.deferred.takeResult(result)
@@ -311,7 +311,7 @@ final class StaggeredStart: @unchecked Sendable {
             child.both { [self] result in
                 self.started[k] = nil
                 if !placeholder.isCalled {
-                    if let failure = result as? Failure {
+                    if let failure = Failure.from(result) {
                         _ = try? placeholder.takeError(failure)
                     } else {
                         _ = try? placeholder.takeResult(result)

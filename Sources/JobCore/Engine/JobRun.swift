@@ -277,14 +277,14 @@ final class JobRun: @unchecked Sendable {
 
     /// A child's place in a results array: its result, or `{"error": …}` (`null` when errors are consumed).
     func entry(_ value: Any?, child: Int, consumeErrors: Bool) -> JSONValue {
-        if let failure = value as? Failure {
+        if let failure = Failure.from(value) {
             return consumeErrors ? .null : .object(["error": JobRun.nodeError(failure, node: graph.nodes[child].id).json])
         }
         return (value as? JSONValue) ?? .null
     }
 
     func childError(_ value: Any?, child: Int) -> NodeError {
-        if let failure = value as? Failure { return JobRun.nodeError(failure, node: graph.nodes[child].id) }
+        if let failure = Failure.from(value) { return JobRun.nodeError(failure, node: graph.nodes[child].id) }
         return NodeError(.internal, "child \(graph.nodes[child].id) did not fail", node: graph.nodes[child].id)
     }
 
@@ -315,7 +315,7 @@ final class JobRun: @unchecked Sendable {
         guard !stopping, !nodes[i].state.isSettled else { return }
         let now = Timestamp.nowMs()
         let state: NodeState
-        if let failure = result as? Failure {
+        if let failure = Failure.from(result) {
             var error = JobRun.nodeError(failure, node: nodes[i].id)
             if i == 0, deadlineExpired, error.kind == .cancelled {
                 error = NodeError(.timeout, "job deadline of \(record.deadlineMs ?? 0) ms passed", node: nodes[i].id)
@@ -503,7 +503,7 @@ final class ListWindow {
                 self.running -= 1
                 self.started[k] = nil
                 if !placeholder.isCalled {
-                    if let failure = result as? Failure {
+                    if let failure = Failure.from(result) {
                         _ = try? placeholder.takeError(failure)
                     } else {
                         _ = try? placeholder.takeResult(result)
@@ -570,7 +570,7 @@ private final class SequenceRun {
         guard !cancelling, !deferred.isCalled else { return }
         let child = children[index]
         index += 1
-        if let failure = result as? Failure, !continueOnError {
+        if let failure = Failure.from(result), !continueOnError {
             for k in index..<children.count { run.endUnstarted(children[k], as: .skipped) }
             index = children.count
             _ = try? deferred.takeError(failure)

@@ -412,6 +412,11 @@ final class FetchLoop: @unchecked Sendable {
         didSet { let count = waiting.count; mutex.withLock { counters.backingOff = count } }
     }
     private var random = SystemRandomNumberGenerator()
+    /// Easy handles of finished attempts, reset (`curl_easy_reset` keeps no option; the connections belong to the
+    /// multi handle), for the next attempts: a new handle per transfer made malloc, free and malloc_consolidate a
+    /// large part of this thread's time.
+    private var spareHandles: [UnsafeMutableRawPointer] = []
+    static let maxSpareHandles = 64
 
     init(configuration: FetcherConfiguration) throws {
         guard curlGlobal == CURLE_OK else { throw FetcherError("curl_global_init failed") }
@@ -535,6 +540,8 @@ final class FetchLoop: @unchecked Sendable {
             return list
         }
         for transfer in Array(running.values) + waiting + leftovers { abort(transfer) }
+        for easy in spareHandles { curl_easy_cleanup(easy) }
+        spareHandles.removeAll()
         mutex.withLock { closed = true }
         curl_multi_cleanup(multi)
     }
@@ -545,7 +552,7 @@ final class FetchLoop: @unchecked Sendable {
         mutex.withLock { counters.attempts += 1 }
         transfer.onAttempt?(transfer.attempts)
         transfer.resetAttempt()
-        guard let easy = curl_easy_init() else {
+        guard let easy = spareHandles.popLast() ?? curl_easy_init() else {
             complete(transfer, .failure(NodeError(.internal, "curl_easy_init failed")))
             return
         }
@@ -651,10 +658,16 @@ final class FetchLoop: @unchecked Sendable {
         running[ObjectIdentifier(transfer)] = transfer
     }
 
-    private func releaseEasy(_ transfer: Transfer) {
+    /// - Parameter reuse: the attempt ended on its own (not aborted): its handle is reset and kept for another.
+    private func releaseEasy(_ transfer: Transfer, reuse: Bool = false) {
         if let easy = transfer.easy {
             if case .running = transfer.phase { curl_multi_remove_handle(multi, easy) }
-            curl_easy_cleanup(easy)
+            if reuse, spareHandles.count < FetchLoop.maxSpareHandles {
+                curl_easy_reset(easy)
+                spareHandles.append(easy)
+            } else {
+                curl_easy_cleanup(easy)
+            }
             transfer.easy = nil
         }
         if let list = transfer.headerList {
@@ -712,7 +725,7 @@ final class FetchLoop: @unchecked Sendable {
         }
         let retryAfterMs = transfer.headers.first(where: { $0.name == "retry-after" }).flatMap { Int($0.value.trimmingSpacesString()) }
             .map { min(max(0, $0), 60) * 1000 }
-        releaseEasy(transfer)
+        releaseEasy(transfer, reuse: true)
 
         let what = "\(transfer.method) \(transfer.request.url)"
         var failure: NodeError
