@@ -185,12 +185,15 @@ final class JobRun: @unchecked Sendable {
             beginSharedTransfer(i, request, host: host)
             return true
         }
+        // The first attempt begins with the transfer: counted here, in the same write as the running state, rather
+        // than by a hop back from the fetcher's thread, which only retries make.
+        attemptStarted(i, attempt: prior + 1)
         transfers[i] = engine.fetcher.start(
             request,
             timeoutMs: nil,
             budget: byteBudget,
             onAttempt: { [weak self] attempt in
-                guard let run = self else { return }
+                guard attempt > 1, let run = self else { return }
                 engine.queue.async { run.attemptStarted(i, attempt: prior + attempt) }
             },
             completion: { [weak self] outcome in
