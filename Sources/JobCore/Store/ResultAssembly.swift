@@ -171,4 +171,34 @@ enum ResultAssembly {
 
     /// Whether reading `job`'s result needs its node rows.
     static func needsNodes(_ job: JobRecord) -> Bool { job.resultSource != nil }
+
+    /// Fills in the job's result when its row refers to its root's: the job's node rows are read and assembled.
+    /// - Parameters:
+    ///   - rows: the job's stored node rows from a position on, in position order.
+    ///   - bodies: the stored response bodies of the fetch nodes with these ids.
+    static func assembleResult(
+        of job: inout JobRecord, rows: (Int) throws -> [NodeRecord], bodies: ([String]) throws -> [String: [UInt8]]
+    ) throws {
+        guard needsNodes(job) else { return }
+        var nodes = try rows(0)
+        guard !nodes.isEmpty, nodes[0].position == 0 else {
+            throw StoreError(.corrupt, "the result of job \(job.id) refers to a root that is not stored")
+        }
+        try assemble(&nodes, target: 0, bodies: bodies)
+        try assemble(&job, nodes: nodes)
+    }
+
+    /// Fills in the result of `node` (as read) when it refers to others: the rows of its subtree (all after it in
+    /// position order) are read and assembled.
+    static func assembleResult(
+        of node: inout NodeRecord, rows: (Int) throws -> [NodeRecord], bodies: ([String]) throws -> [String: [UInt8]]
+    ) throws {
+        guard let source = node.resultSource, node.result != nil || source != .body else { return }
+        var subtree = source == .body ? [node] : try rows(node.position)
+        guard subtree.first?.position == node.position else {
+            throw StoreError(.corrupt, "node \(node.id) of job \(node.jobID) is not stored at position \(node.position)")
+        }
+        try assemble(&subtree, target: 0, bodies: bodies)
+        node = subtree[0]
+    }
 }

@@ -35,26 +35,19 @@ extension Rows {
         try ResultAssembly.assemble(&nodes, target: target) { ids in try bodies(jobID: jobID, nodeIDs: ids, db: db) }
     }
 
-    /// Fills in the job's result when its row refers to its root's: the job's node rows are read and assembled.
+    /// Fills in the job's result when its row refers to its root's (`ResultAssembly.assembleResult`).
     static func assembleResult(of job: inout JobRecord, db: SQLiteConnection) throws {
-        guard ResultAssembly.needsNodes(job) else { return }
-        var nodes = try storedNodes(jobID: job.id, from: 0, db: db)
-        guard !nodes.isEmpty, nodes[0].position == 0 else {
-            throw StoreError(.corrupt, "the result of job \(job.id) refers to a root that is not stored")
-        }
-        try assemble(&nodes, jobID: job.id, target: 0, db: db)
-        try ResultAssembly.assemble(&job, nodes: nodes)
+        let id = job.id
+        try ResultAssembly.assembleResult(
+            of: &job, rows: { try storedNodes(jobID: id, from: $0, db: db) },
+            bodies: { try bodies(jobID: id, nodeIDs: $0, db: db) })
     }
 
-    /// Fills in the result of `node` (as read) when it refers to others: the rows of its subtree (all after it in
-    /// position order) are read and assembled.
+    /// Fills in the result of `node` (as read) when it refers to others (`ResultAssembly.assembleResult`).
     static func assembleResult(of node: inout NodeRecord, db: SQLiteConnection) throws {
-        guard let source = node.resultSource, node.result != nil || source != .body else { return }
-        var rows = source == .body ? [node] : try storedNodes(jobID: node.jobID, from: node.position, db: db)
-        guard rows.first?.position == node.position else {
-            throw StoreError(.corrupt, "node \(node.id) of job \(node.jobID) is not stored at position \(node.position)")
-        }
-        try assemble(&rows, jobID: node.jobID, target: 0, db: db)
-        node = rows[0]
+        let id = node.jobID
+        try ResultAssembly.assembleResult(
+            of: &node, rows: { try storedNodes(jobID: id, from: $0, db: db) },
+            bodies: { try bodies(jobID: id, nodeIDs: $0, db: db) })
     }
 }
