@@ -100,6 +100,19 @@ class EngineTestCase: XCTestCase {
 
     /// Submits the job `body` (the JSON of `POST /v1/jobs`), with an idempotency `key` if given; the job created,
     /// or the one `key` already named.
+    /// Waits (at most `seconds`) until the job is settled and every node of it too; the record as the engine had
+    /// it then.
+    func settled(_ engine: Engine, _ id: String, seconds: Double = 15) throws -> JobRecord {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            let job: JobRecord? = try engine.answer("job \(id)") { done in
+                _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 200) { done($0) }
+            }
+            if let job, job.state.isSettled, job.progress.pending + job.progress.running == 0 { return job }
+        }
+        throw UpstreamError("job \(id) did not settle within \(seconds) s")
+    }
+
     func submit(_ engine: Engine, _ body: String, key: String? = nil) throws -> JobRecord {
         let json = try JSONValue.parse(body)
         let spec = try JobSpec.parse(json)

@@ -11,24 +11,6 @@ class EngineTests: EngineTestCase {
     /// The upstream's URL for `path`, as a JSON string literal.
     func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
 
-    /// Waits (at most `seconds`) until the job is settled and every node of it too.
-    func settled(_ engine: Engine, _ id: String, seconds: Double = 10) throws -> JobRecord {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            let done = DispatchSemaphore(value: 0)
-            let box = Box<JobRecord?>(nil)
-            _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 200) { job in
-                box.value = job
-                done.signal()
-            }
-            done.wait()
-            if let job = box.value, job.state.isSettled, job.progress.pending + job.progress.running == 0 {
-                return job
-            }
-        }
-        throw UpstreamError("job \(id) did not settle within \(seconds) s")
-    }
-
     func nodes(_ engine: Engine, _ id: String) throws -> [String: NodeRecord] {
         let list = try engine.nodes(jobID: id, includeResults: true) ?? []
         return Dictionary(uniqueKeysWithValues: list.map { ($0.id, $0) })

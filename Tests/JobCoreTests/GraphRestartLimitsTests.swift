@@ -35,7 +35,7 @@ class GraphRestartLimitsTests: EngineTestCase {
     }
 
     /// Waits, at most `seconds`, for the job to settle, and when it succeeded for every node of it too.
-    private func settled(_ engine: Engine, _ id: String, seconds: Double = 20) throws -> JobRecord {
+    private func settledOrFailed(_ engine: Engine, _ id: String, seconds: Double = 20) throws -> JobRecord {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
             let done = DispatchSemaphore(value: 0)
@@ -66,7 +66,7 @@ class GraphRestartLimitsTests: EngineTestCase {
         XCTAssertEqual(job.progress.total, 4)
 
         let second = try restart(first, jobID: job.id, limits: Limits(maxNodes: 2))
-        let done = try settled(second, job.id)
+        let done = try settledOrFailed(second, job.id)
         XCTAssertEqual(done.state, .succeeded, "\(done.error.map { "\($0)" } ?? "")")
         XCTAssertEqual(done.progress.succeeded, 4)
         XCTAssertEqual(done.result?.arrayValue?.count, 3)
@@ -86,7 +86,7 @@ class GraphRestartLimitsTests: EngineTestCase {
         XCTAssertEqual(job.progress.total, depth)
 
         let second = try restart(first, jobID: job.id, limits: Limits())
-        let done = try settled(second, job.id)
+        let done = try settledOrFailed(second, job.id)
         XCTAssertEqual(done.state, .succeeded, "\(done.error.map { "\($0)" } ?? "")")
         XCTAssertEqual(done.progress.succeeded, depth)
         let nodes = try XCTUnwrap(try second.nodes(jobID: job.id, includeResults: false))

@@ -122,18 +122,6 @@ class MapEngineTests: EngineTestCase {
         }
     }
 
-    /// Waits (at most `seconds`) until the job and all its nodes are settled.
-    func settled(_ engine: Engine, _ id: String, seconds: Double = 15) throws -> JobRecord {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            let job: JobRecord? = try engine.answer("job \(id)") { done in
-                _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 200) { done($0) }
-            }
-            if let job, job.state.isSettled, job.progress.pending + job.progress.running == 0 { return job }
-        }
-        throw UpstreamError("job \(id) did not settle within \(seconds) s")
-    }
-
     func nodes(_ engine: Engine, _ id: String) throws -> [String: NodeRecord] {
         let list = try engine.nodes(jobID: id, includeResults: true) ?? []
         return Dictionary(uniqueKeysWithValues: list.map { ($0.id, $0) })

@@ -14,18 +14,6 @@ class PaginateEngineTests: EngineTestCase {
         }
     }
 
-    /// Long-polls (at most `seconds`) until the job and all its nodes are settled.
-    private func settled(_ engine: Engine, _ id: String, seconds: Double = 15) throws -> JobRecord {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            let job = try engine.answer("job \(id)") { done in
-                _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 200) { done($0) }
-            }
-            if let job, job.state.isSettled, job.progress.pending + job.progress.running == 0 { return job }
-        }
-        throw UpstreamError("job \(id) did not settle within \(seconds) s")
-    }
-
     /// Polls (at most 10 s) until `condition` holds for the root node.
     private func waitForRoot(_ engine: Engine, _ id: String, _ condition: (NodeRecord) -> Bool) throws -> NodeRecord {
         var root: NodeRecord?

@@ -75,15 +75,6 @@ final class PostgresHostRateEngineTests: EngineTestCase {
         }
     }
 
-    private func settled(_ engine: Engine, _ id: String) throws -> JobRecord? {
-        var job: JobRecord?
-        _ = try TestSupport.eventually(20) {
-            job = try engine.job(id: id)
-            return job.map { $0.state.isSettled && $0.progress.pending + $0.progress.running == 0 } ?? false
-        }
-        return job
-    }
-
     func testTwoServersTogetherKeepToTheRate() throws {
         let rate = [HostRate(host: "127.0.0.1", perSecond: 20)]
         let engines = [try makeEngine { $0.hostRates = rate }, try makeEngine { $0.hostRates = rate }]
@@ -93,7 +84,7 @@ final class PostgresHostRateEngineTests: EngineTestCase {
             let children = (0..<5).map { k in "{\"type\":\"fetch\",\"url\":\"\(upstream.url("/rate/r\(j)-\(k)"))\"}" }
             submitted.append((engine, try submit(engine, #"{"type":"list","children":[\#(children.joined(separator: ","))]}"#).id))
         }
-        for (engine, id) in submitted { XCTAssertEqual(try settled(engine, id)?.state, .succeeded) }
+        for (engine, id) in submitted { XCTAssertEqual(try settled(engine, id, seconds: 20).state, .succeeded) }
         let arrivals = (try upstream.stats()["arrivals"]?.objectValue ?? [])
             .flatMap { $0.value.arrayValue ?? [] }.compactMap(\.doubleValue).sorted()
         XCTAssertEqual(arrivals.count, 30)
@@ -107,11 +98,11 @@ final class PostgresHostRateEngineTests: EngineTestCase {
     func testRateWaitCountsInTheNodesTimeout() throws {
         let engine = try makeEngine { $0.hostRates = [HostRate(host: "*", perSecond: 0.2)] }
         let first = try submit(engine, #"{"type":"fetch","url":"\#(upstream.url("/json"))"}"#)
-        XCTAssertEqual(try settled(engine, first.id)?.state, .succeeded)
+        XCTAssertEqual(try settled(engine, first.id, seconds: 20).state, .succeeded)
         // The next start to this host is booked about 5 s away: a 100 ms timeout passes while it waits.
         let second = try submit(engine, #"{"type":"fetch","url":"\#(upstream.url("/json"))","timeout_ms":100}"#)
-        let job = try settled(engine, second.id)
-        XCTAssertEqual(job?.state, .failed)
-        XCTAssertEqual(job?.error?.kind, .timeout)
+        let job = try settled(engine, second.id, seconds: 20)
+        XCTAssertEqual(job.state, .failed)
+        XCTAssertEqual(job.error?.kind, .timeout)
     }
 }

@@ -11,17 +11,6 @@ final class PostgresKeyAdmissionTests: EngineTestCase {
 
     func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
 
-    func settled(_ engine: Engine, _ id: String, seconds: Double = 20) throws -> JobRecord {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            let job = try engine.answer("job \(id)") { done in
-                _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 200) { done($0) }
-            }
-            if let job, job.state.isSettled { return job }
-        }
-        throw UpstreamError("job \(id) did not settle within \(seconds) s")
-    }
-
     /// The job as `GET /v1/jobs/{id}` shows it.
     func read(_ engine: Engine, _ id: String) throws -> JobRecord? {
         let read = try engine.answer("read of \(id)") { done in engine.readJob(id: id) { done($0) } }.get()

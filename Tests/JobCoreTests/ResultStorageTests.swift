@@ -10,24 +10,6 @@ import XCTest
 class ResultStorageTests: EngineTestCase {
     func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
 
-    /// Waits (at most `seconds`) until the job and all its nodes settled; the record as the engine had it then.
-    func settled(_ engine: Engine, _ id: String, seconds: Double = 15) throws -> JobRecord {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            let done = DispatchSemaphore(value: 0)
-            let box = Box<JobRecord?>(nil)
-            _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 200) { job in
-                box.value = job
-                done.signal()
-            }
-            done.wait()
-            if let job = box.value, job.state.isSettled, job.progress.pending + job.progress.running == 0 {
-                return job
-            }
-        }
-        throw UpstreamError("job \(id) did not settle within \(seconds) s")
-    }
-
     /// Runs each graph as a job on one engine, then checks every job's reads on a second engine of the same store
     /// against the first's; returns the second engine's nodes of each job by id.
     @discardableResult

@@ -8,18 +8,6 @@ import XCTest
 class ScheduleTests: EngineTestCase {
     func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
 
-    /// Follows the job with long-polls (at most `seconds`) until it and all its nodes are settled.
-    func settled(_ engine: Engine, _ id: String, seconds: Double = 15) throws -> JobRecord {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            let job = try engine.answer("job \(id)") { done in
-                _ = engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 200) { done($0) }
-            }
-            if let job, job.state.isSettled, job.progress.pending + job.progress.running == 0 { return job }
-        }
-        throw UpstreamError("job \(id) did not settle within \(seconds) s")
-    }
-
     func retry(_ engine: Engine, _ id: String) throws -> RetryOutcome {
         try engine.answer("retry of \(id)") { done in engine.retry(id: id) { done($0) } }.get()
     }
