@@ -9,7 +9,7 @@
 # until its last state is committed; `jobserver_nodes` on /metrics counts the nodes of the jobs in memory), the RSS
 # SETTLE s after that (VmRSS), then the peak after one `GET` of each settled job (its whole answer); and each job's
 # outcome: its state and how many fetches succeeded or failed with which kind. Target: RSS <= 256 MiB.
-# N (default 100), JOBS (default 4), BIG_BYTES (10000000), SMALL_BYTES (1000000), SETTLE (5 s) and CONFIG (release,
+# Each case runs RUNS times (default 5): median (min–max). N (default 100), JOBS (default 4), BIG_BYTES (10000000), SMALL_BYTES (1000000), SETTLE (5 s) and CONFIG (release,
 # or debug for a quick check) may be set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,7 @@ JOBS=${JOBS:-4}
 BIG_BYTES=${BIG_BYTES:-10000000}
 SMALL_BYTES=${SMALL_BYTES:-1000000}
 SETTLE=${SETTLE:-5}
+RUNS=${RUNS:-5}
 CONFIG=${CONFIG:-release}
 TARGET_MIB=256
 
@@ -59,12 +60,13 @@ kib() { awk -v f="$1:" '$1 == f {print $2}' "/proc/$2/status"; }
 mib() { awk -v k="$1" 'BEGIN{printf "%.0f", k/1024}'; }
 
 rows=()
-# scenario LABEL FILE COUNT: COUNT jobs of N fetches of FILE at once on a fresh server; adds a row.
+# scenario LABEL FILE COUNT: COUNT jobs of N fetches of FILE at once on a fresh server; appends its figures to the
+# arrays of the case (m_base, m_hwm, m_written, m_settled, m_get in MiB, m_run, m_write in ms, m_outcomes).
 scenario() {
   local label="$1" file="$2" count="$3" port server base ids=() subs=() id k state outcomes start base_kib hwm_kib
   local written_kib settled_kib get_kib run_ms write_ms in_memory
   port=$(free_port)
-  rm -rf "$tmp/db"
+  rm -rf "$tmp/db" "$tmp/outcomes-$label"
   "$bin/jobserver" serve --host 127.0.0.1 --port "$port" --db "$tmp/db/jobs.sqlite" 2>"$tmp/server-$label.log" &
   server=$!
   pids+=("$server")
@@ -115,16 +117,32 @@ scenario() {
   outcomes=$(sort "$tmp/outcomes-$label" | uniq -c | awk '{c=$1; $1=""; sub(/^ /, ""); printf "%s%s", (NR>1 ? "; " : ""), (c>1 ? c " jobs " : "") $0}')
   kill "$server"
   wait "$server" 2>/dev/null || true
-  local verdict; verdict=$(awk -v a="$get_kib" -v t="$TARGET_MIB" 'BEGIN{print (a/1024 <= t) ? "met" : "missed"}')
   echo "$label: start $(mib "$base_kib") MiB, peak $(mib "$hwm_kib") MiB until settled, $(mib "$written_kib") MiB until written, then $(mib "$settled_kib") MiB; peak with GETs $(mib "$get_kib") MiB; settled in $run_ms ms, written $write_ms ms later; $outcomes" >&2
-  rows+=("| $label | $(mib "$base_kib") | **$(mib "$hwm_kib")** | **$(mib "$written_kib")** | $(mib "$settled_kib") | $(mib "$get_kib") | $run_ms | $write_ms | $outcomes | $verdict |")
+  m_base+=("$(mib "$base_kib")"); m_hwm+=("$(mib "$hwm_kib")"); m_written+=("$(mib "$written_kib")")
+  m_settled+=("$(mib "$settled_kib")"); m_get+=("$(mib "$get_kib")"); m_run+=("$run_ms"); m_write+=("$write_ms")
+  m_outcomes+=("$outcomes")
+}
+
+# spread VALUES…: "median (min–max)".
+spread() { echo "$(printf '%s\n' "$@" | median) ($(printf '%s\n' "$@" | range))"; }
+
+# case_row LABEL FILE COUNT: the scenario RUNS times; adds a row. The target is checked on the median of the last
+# peak, the highest.
+case_row() {
+  m_base=(); m_hwm=(); m_written=(); m_settled=(); m_get=(); m_run=(); m_write=(); m_outcomes=()
+  for _ in $(seq 1 "$RUNS"); do scenario "$@"; done
+  local get verdict outcomes
+  get=$(printf '%s\n' "${m_get[@]}" | median)
+  verdict=$(awk -v a="$get" -v t="$TARGET_MIB" 'BEGIN{print (a <= t) ? "met" : "missed"}')
+  outcomes=$(printf '%s\n' "${m_outcomes[@]}" | sort | uniq -c | awk '{c=$1; $1=""; sub(/^ /, ""); printf "%s%s (%s run%s)", (NR>1 ? " / " : ""), $0, c, (c>1 ? "s" : "")}')
+  rows+=("| $1 | $(spread "${m_base[@]}") | **$(spread "${m_hwm[@]}")** | **$(spread "${m_written[@]}")** | $(spread "${m_settled[@]}") | $(spread "${m_get[@]}") | $(spread "${m_run[@]}") | $(spread "${m_write[@]}") | $outcomes | $verdict |")
 }
 
 big_mb=$(awk -v b="$BIG_BYTES" 'BEGIN{printf "%g", b/1e6}')
 small_mb=$(awk -v b="$SMALL_BYTES" 'BEGIN{printf "%g", b/1e6}')
-scenario "1 job × $N × $big_mb MB" big.json 1
-scenario "$JOBS jobs × $N × $big_mb MB" big.json "$JOBS"
-scenario "1 job × $N × $small_mb MB" small.json 1
+case_row "1 job × $N × $big_mb MB" big.json 1
+case_row "$JOBS jobs × $N × $big_mb MB" big.json "$JOBS"
+case_row "1 job × $N × $small_mb MB" small.json 1
 
 cat <<MD
 ## Memory under big responses
@@ -137,7 +155,8 @@ lists, which carry no results); the peak until the store had written them and th
 keeps a settled job until its last state is committed; \`jobserver_nodes\` on \`/metrics\` counts the nodes in
 memory); the RSS $SETTLE s after that (\`VmRSS\`); and the peak once each settled job was read whole with
 \`GET /v1/jobs/{id}\`. Then ms from the submissions to settled, and from settled to out of memory. Outcome: the
-job's state, then its fetches by outcome. One run each; the target is checked on the last peak, the highest.
+job's state, then its fetches by outcome, with how many runs ended so. $RUNS runs each: median (min–max); the target is
+checked on the median of the last peak, the highest.
 
 | case | start | peak until settled | peak until written | after | peak with GET | ms to settle | ms to write | outcome | target ≤ $TARGET_MIB MiB |
 |---|---:|---:|---:|---:|---:|---:|---:|---|---|
