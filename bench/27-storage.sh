@@ -14,14 +14,10 @@ RUNS=${RUNS:-3}
 CONFIG=${CONFIG:-release}
 BODIES=${BODIES:-1024 4096}
 
-for tool in curl jq python3 nginx sqlite3; do
-  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
-done
+require curl jq python3 nginx sqlite3
 bench_setup
 
-echo "building jobserver ($CONFIG)" >&2
-swift build -c "$CONFIG" --product jobserver >&2
-bin=$(swift build -c "$CONFIG" --show-bin-path)
+build_jobserver "$CONFIG"
 
 mkdir -p "$tmp/www"
 for body in $BODIES; do

@@ -12,9 +12,7 @@ DURATION=${DURATION:-60s}
 RUNS=${RUNS:-5}
 CONNECTIONS=${CONNECTIONS:-32}
 
-for tool in wrk nginx curl python3; do
-  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
-done
+require wrk nginx curl python3
 swift build -c release --product jobserver >&2
 bin=$(swift build -c release --show-bin-path)/jobserver
 bench_setup

@@ -22,9 +22,7 @@ CONFIG=${CONFIG:-release}
 CACHE_N=${CACHE_N:-10000}
 RATE_N=${RATE_N:-200}
 
-for tool in curl jq python3 openssl; do
-  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
-done
+require curl jq python3 openssl
 bench_setup
 
 echo "building FetchBench and jobserver ($CONFIG)" >&2

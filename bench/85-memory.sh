@@ -23,14 +23,10 @@ RUNS=${RUNS:-5}
 CONFIG=${CONFIG:-release}
 TARGET_MIB=256
 
-for tool in curl jq python3 nginx; do
-  command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }
-done
+require curl jq python3 nginx
 bench_setup
 
-echo "building jobserver ($CONFIG)" >&2
-swift build -c "$CONFIG" --product jobserver >&2
-bin=$(swift build -c "$CONFIG" --show-bin-path)
+build_jobserver "$CONFIG"
 
 mkdir -p "$tmp/www"
 # Valid JSON of exactly the size asked: {"data":"xxx…"}.

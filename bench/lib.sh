@@ -101,6 +101,19 @@ start_postgres() {
 }
 
 # median / range: of the numbers on stdin, one a line: the median (one decimal), and "min–max".
+# require TOOL…: stops the bench unless every tool is installed.
+require() {
+  local tool
+  for tool in "$@"; do command -v "$tool" >/dev/null || { echo "$tool is required" >&2; exit 1; }; done
+}
+
+# build_jobserver CONFIG: builds the jobserver product (release, or debug for a quick check); sets `bin` to its folder.
+build_jobserver() {
+  echo "building jobserver ($1)" >&2
+  swift build -c "$1" --product jobserver >&2
+  bin=$(swift build -c "$1" --show-bin-path)
+}
+
 median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.1f", m}'; }
 range() { sort -n | awk 'NR==1{lo=$1} {hi=$1} END {printf "%s–%s", lo, hi}'; }
 
