@@ -169,6 +169,37 @@ enum ResultAssembly {
         job.result = result
     }
 
+    /// Jobs loaded to run again, each with its node rows (taken out of `byJob`) in position order and its settled nodes' results (and its
+    /// own) assembled, for their parents and for references to them. A job with a row that could not be read
+    /// (`badNodes`) or a reference that finds nothing is left out and added to `skipped`, to be failed alone.
+    /// - Parameter bodies: the stored response bodies of one job's fetch nodes with these ids.
+    static func loaded(
+        _ jobs: [JobRecord], nodes byJob: inout [String: [NodeRecord]], badNodes: [String: StoreError],
+        skipped: inout [UnreadableJob], bodies: (_ jobID: String, _ nodeIDs: [String]) throws -> [String: [UInt8]]
+    ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
+        var out: [(job: JobRecord, nodes: [NodeRecord])] = []
+        out.reserveCapacity(jobs.count)
+        for var job in jobs {
+            if let error = badNodes[job.id] {
+                skipped.append(UnreadableJob(job: job, error: error))
+                continue
+            }
+            var nodes = byJob.removeValue(forKey: job.id) ?? []
+            let inOrder = zip(nodes, nodes.dropFirst()).allSatisfy { $0.position < $1.position }
+            if !inOrder { nodes.sort { $0.position < $1.position } }
+            let id = job.id
+            do {
+                try assemble(&nodes) { try bodies(id, $0) }
+                try assemble(&job, nodes: nodes)
+            } catch let error as StoreError where error.kind == .corrupt {
+                skipped.append(UnreadableJob(job: job, error: error))
+                continue
+            }
+            out.append((job: job, nodes: nodes))
+        }
+        return out
+    }
+
     /// Whether reading `job`'s result needs its node rows.
     static func needsNodes(_ job: JobRecord) -> Bool { job.resultSource != nil }
 

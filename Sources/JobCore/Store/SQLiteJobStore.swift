@@ -326,7 +326,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
             let unfinished = "('\(NodeState.pending.rawValue)', '\(NodeState.running.rawValue)')"
             let jobStatement = try db.prepare("SELECT \(Columns.job) FROM jobs WHERE state IN \(unfinished) AND due_at IS NULL ORDER BY id")
             defer { jobStatement.reset() }
-            var jobs = try Rows.jobs(stepping: jobStatement, skipped: &skipped)
+            let jobs = try Rows.jobs(stepping: jobStatement, skipped: &skipped)
             if jobs.isEmpty { return [] }
 
             let nodeStatement = try db.prepare(
@@ -343,27 +343,9 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
                     if let jobID = nodeStatement.string(0) { badNodes[jobID] = error }
                 }
             }
-            if !badNodes.isEmpty {
-                for job in jobs { if let error = badNodes[job.id] { skipped.append(UnreadableJob(job: job, error: error)) } }
-                jobs.removeAll { badNodes[$0.id] != nil }
+            return try ResultAssembly.loaded(jobs, nodes: &byJob, badNodes: badNodes, skipped: &skipped) { jobID, ids in
+                try Rows.bodies(jobID: jobID, nodeIDs: ids, db: db)
             }
-            var out: [(job: JobRecord, nodes: [NodeRecord])] = []
-            out.reserveCapacity(jobs.count)
-            for var job in jobs {
-                var nodes = byJob.removeValue(forKey: job.id) ?? []
-                let inOrder = zip(nodes, nodes.dropFirst()).allSatisfy { $0.position < $1.position }
-                if !inOrder { nodes.sort { $0.position < $1.position } }
-                // Settled nodes get their whole results, for their parents and for references to them.
-                do {
-                    try Rows.assemble(&nodes, jobID: job.id, db: db)
-                    try ResultAssembly.assemble(&job, nodes: nodes)
-                } catch let error as StoreError where error.kind == .corrupt {
-                    skipped.append(UnreadableJob(job: job, error: error))
-                    continue
-                }
-                out.append((job: job, nodes: nodes))
-            }
-            return out
         }
     }
 

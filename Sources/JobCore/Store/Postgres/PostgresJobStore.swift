@@ -398,25 +398,9 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
                     if let jobID = row.string(0) { badNodes[jobID] = error }
                 }
             }
-            if !badNodes.isEmpty {
-                for job in jobs { if let error = badNodes[job.id] { skipped.append(UnreadableJob(job: job, error: error)) } }
-                jobs.removeAll { badNodes[$0.id] != nil }
+            return try ResultAssembly.loaded(jobs, nodes: &byJob, badNodes: badNodes, skipped: &skipped) { jobID, ids in
+                try PGRows.bodies(jobID: jobID, nodeIDs: ids, db: db)
             }
-            var out: [(job: JobRecord, nodes: [NodeRecord])] = []
-            out.reserveCapacity(jobs.count)
-            for var job in jobs {
-                var nodes = byJob.removeValue(forKey: job.id) ?? []
-                // Settled nodes get their whole results, for their parents and for references to them.
-                do {
-                    try PGRows.assemble(&nodes, jobID: job.id, db: db)
-                    try ResultAssembly.assemble(&job, nodes: nodes)
-                } catch let error as StoreError where error.kind == .corrupt {
-                    skipped.append(UnreadableJob(job: job, error: error))
-                    continue
-                }
-                out.append((job: job, nodes: nodes))
-            }
-            return out
         }
     }
 
