@@ -21,10 +21,9 @@ final class FetcherCancelTests: FetcherTestCase {
         XCTAssertEqual(outcome.error?.kind, .cancelled)
         XCTAssertEqual(outcome.attempts, 1)
         var disconnects: [JSONValue] = []
-        let deadline = Date().addingTimeInterval(2)
-        while disconnects.isEmpty, Date() < deadline {
+        _ = try TestSupport.eventually(2) {
             disconnects = try upstream.stats()["disconnects"]?.arrayValue ?? []
-            if disconnects.isEmpty { usleep(5_000) }
+            return !disconnects.isEmpty
         }
         let record = try XCTUnwrap(disconnects.first)
         XCTAssertEqual(record["path"], "/hang", "a request that never ends by itself was closed")

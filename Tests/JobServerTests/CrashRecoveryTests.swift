@@ -50,11 +50,9 @@ final class CrashRecoveryTests: XCTestCase {
         let postID = try XCTUnwrap(post.body["id"]?.stringValue)
 
         // Kill in the middle of the big job: once part of it has settled, and before all of it has.
-        let midway = Date().addingTimeInterval(15)
-        while Date() < midway {
+        _ = try TestSupport.eventually(15) {
             let progress = try Curl.json("GET", api + "/v1/jobs/\(accepted[0])").body["progress"]
-            if (progress?["succeeded"]?.intValue ?? 0) >= 20 { break }
-            Thread.sleep(forTimeInterval: 0.02)
+            return (progress?["succeeded"]?.intValue ?? 0) >= 20
         }
         // What had settled before the kill must not run again.
         var settledBefore: [String: Set<String>] = [:]

@@ -105,14 +105,13 @@ final class ExecutableTests: XCTestCase {
             ["serve", "--host", "127.0.0.1", "--port", "0", "--shutdown-grace", "3s"],
             environment: ["JOBSERVER_DB": dir.appendingPathComponent("db/jobs.sqlite").path])
         var port: Int?
-        let deadline = Date().addingTimeInterval(15)
-        while port == nil && Date() < deadline && process.isRunning {
+        _ = TestSupport.eventually(15) {
             for line in err.text.split(separator: "\n") {
                 if let json = try? JSONValue.parse(String(line)), json["msg"] == "listening" {
                     port = json["port"]?.intValue
                 }
             }
-            if port == nil { Thread.sleep(forTimeInterval: 0.02) }
+            return port != nil || !process.isRunning
         }
         let bound = try XCTUnwrap(port, "no listening line: \(err.text)")
         XCTAssertEqual(try RawHTTPClient.send(port: bound, "GET", "/healthz").status, 200)

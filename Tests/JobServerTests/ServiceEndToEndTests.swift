@@ -113,10 +113,9 @@ final class ServiceEndToEndTests: XCTestCase {
         _ = try send("GET", "/v1/jobs/01NOSUCH")
         _ = try send("GET", "/nope")
         var text = ""
-        for _ in 0..<20 {
+        _ = try TestSupport.eventually(1) {
             text = try send("GET", "/metrics").text
-            if text.contains(#"route="unmatched""#) && text.contains(#"route="/v1/jobs/{id}""#) { break }
-            Thread.sleep(forTimeInterval: 0.05)
+            return text.contains(#"route="unmatched""#) && text.contains(#"route="/v1/jobs/{id}""#)
         }
         XCTAssertTrue(text.contains(#"jobserver_http_requests_total{route="/v1/jobs/{id}",method="GET",status="404"} 1"#), text)
         XCTAssertTrue(text.contains(#"route="unmatched",method="GET",status="404""#), text)
