@@ -3,9 +3,9 @@
 # 100,000: a 1 KiB JSON file from nginx on loopback. The job is a `list` of the N fetches, timed from sending the
 # POST to its settled answer, so its durable submission and every state change are in it; the server runs with
 # default flags but as many transfers at once as curl (`--max-per-host 64 --max-concurrent-fetches 64`) and the
-# limits the size needs (`--max-nodes`, `--max-request-bytes`, and `--max-job-bytes 0`: 100,000 KiB is over the
-# default 64MiB budget). Each size runs RUNS times (default 5), curl then the
-# job, on one server with a fresh SQLite file per size: median and min–max. Target: job <= 1.1x curl.
+# limits the size needs (`--max-nodes`, `--max-request-bytes`, and `--max-job-bytes 0 --max-response-memory 0`:
+# 100,000 KiB is over the default 64MiB budgets). Each size runs RUNS times (default 5), curl then the job, on
+# one server with a fresh SQLite file per size: median and min–max. Target: job <= 1.1x curl.
 # SIZES (default "1000 10000 100000"), RUNS and CONFIG (release, or debug for a quick check) may be set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,7 +43,7 @@ PY
   rm -rf "$tmp/db"
   "$bin/jobserver" serve --host 127.0.0.1 --port "$port" --db "$tmp/db/jobs.sqlite" \
     --max-per-host "$CONCURRENCY" --max-concurrent-fetches "$CONCURRENCY" \
-    --max-nodes $(( n + 10 )) --max-request-bytes 64MiB --max-job-bytes 0 2>"$tmp/server-$n.log" &
+    --max-nodes $(( n + 10 )) --max-request-bytes 64MiB --max-job-bytes 0 --max-response-memory 0 2>"$tmp/server-$n.log" &
   server=$!
   pids+=("$server")
   base="http://127.0.0.1:$port"
@@ -95,7 +95,7 @@ cat <<MD
 
 A 1 KiB JSON file from nginx $(nginx_version) on 127.0.0.1, fetched N times (\`/data.json?i=1…N\`):
 \`curl --parallel --parallel-max $CONCURRENCY\` over the N URLs, then one jobserver job ($CONFIG, a \`list\` of the N
-fetches, \`--max-per-host $CONCURRENCY --max-concurrent-fetches $CONCURRENCY --max-job-bytes 0\`, otherwise default flags and log level)
+fetches, \`--max-per-host $CONCURRENCY --max-concurrent-fetches $CONCURRENCY --max-job-bytes 0 --max-response-memory 0\`, otherwise default flags and log level)
 from sending the \`POST\` to its settled answer (\`?wait=60\`): the durable submission and every state change are in
 it. $RUNS runs per size, each curl then the job; median (min–max) of wall ms, and of the per-run ratio.
 

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # The server's resident memory under big responses: nginx serves a 10 MB JSON file and a 1 MB one on loopback; the
-# release server, with default flags (so `--max-job-bytes 64MiB`, `--max-response-bytes 10MiB`), runs
+# release server, with default flags (so `--max-job-bytes 64MiB`, `--max-response-memory 64MiB`,
+# `--max-response-bytes 10MiB`), runs
 #   (i)   one job, a `list` of N fetches of the 10 MB file,
 #   (ii)  JOBS such jobs submitted at once,
 #   (iii) one job, a `list` of N fetches of the 1 MB file,
+#   (iv)  MANY such jobs submitted at once,
 # each on a fresh server and SQLite file. Measured from /proc/<pid>/status: the peak RSS until the jobs settled
 # (VmHWM), the peak until the store has written them and they have left memory (the engine keeps a settled job
 # until its last state is committed; `jobserver_nodes` on /metrics counts the nodes of the jobs in memory), the RSS
 # SETTLE s after that (VmRSS), then the peak after one `GET` of each settled job (its whole answer); and each job's
 # outcome: its state and how many fetches succeeded or failed with which kind. Target: RSS <= 256 MiB.
-# Each case runs RUNS times (default 5): median (min–max). N (default 100), JOBS (default 4), BIG_BYTES (10000000), SMALL_BYTES (1000000), SETTLE (5 s) and CONFIG (release,
-# or debug for a quick check) may be set.
+# Each case runs RUNS times (default 5): median (min–max). N (default 100), JOBS (default 4), MANY (default 16),
+# BIG_BYTES (10000000), SMALL_BYTES (1000000), SETTLE (5 s) and CONFIG (release, or debug for a quick check) may be
+# set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 N=${N:-100}
 JOBS=${JOBS:-4}
+MANY=${MANY:-16}
 BIG_BYTES=${BIG_BYTES:-10000000}
 SMALL_BYTES=${SMALL_BYTES:-1000000}
 SETTLE=${SETTLE:-5}
@@ -139,12 +143,13 @@ small_mb=$(awk -v b="$SMALL_BYTES" 'BEGIN{printf "%g", b/1e6}')
 case_row "1 job × $N × $big_mb MB" big.json 1
 case_row "$JOBS jobs × $N × $big_mb MB" big.json "$JOBS"
 case_row "1 job × $N × $small_mb MB" small.json 1
+case_row "$MANY jobs × $N × $small_mb MB" small.json "$MANY"
 
 cat <<MD
 ## Memory under big responses
 
 nginx $(nginx_version) serves a JSON file of $BIG_BYTES bytes and one of $SMALL_BYTES bytes on 127.0.0.1. The
-jobserver ($CONFIG, default flags: \`--max-job-bytes 64MiB\`, \`--max-response-bytes 10MiB\`) runs each case on a fresh
+jobserver ($CONFIG, default flags: \`--max-job-bytes 64MiB\`, \`--max-response-memory 64MiB\`, \`--max-response-bytes 10MiB\`) runs each case on a fresh
 server and SQLite file: jobs that are a \`list\` of $N fetches of one file (each URL its own), submitted at once.
 RSS in MiB from \`/proc/<pid>/status\`: at start; the peak until all had settled (\`VmHWM\`, waiting on their node
 lists, which carry no results); the peak until the store had written them and they had left memory (the engine

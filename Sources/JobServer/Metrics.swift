@@ -61,6 +61,7 @@ struct MetricsSnapshot {
     var longPollsWaiting = 0
     var scheduledJobs = 0
     var waitingForKey = 0
+    var responseMemoryBytes = 0
     /// Finished fetch attempts by outcome (`succeeded` or an error kind).
     var fetchOutcomes: [String: Int] = [:]
     /// Upper bounds of the latency buckets; a missing or infinite last bound is `+Inf`.
@@ -84,6 +85,7 @@ struct MetricsSnapshot {
         longPollsWaiting = engine.longPollsWaiting
         scheduledJobs = engine.scheduledJobs
         waitingForKey = engine.waitingForKey
+        responseMemoryBytes = engine.responseMemoryBytes
         transfer = engine.transfer
         fetchOutcomes = fetcher.outcomes
         latencyBucketsMs = FetcherStats.latencyBoundsMs.map(Double.init)
@@ -124,6 +126,8 @@ enum PrometheusText {
         sample(&out, "jobserver_jobs_scheduled", [], Double(m.scheduledJobs))
         family(&out, "jobserver_jobs_waiting_for_key", "gauge", "Jobs waiting for a slot of their concurrency key.")
         sample(&out, "jobserver_jobs_waiting_for_key", [], Double(m.waitingForKey))
+        family(&out, "jobserver_response_memory_bytes", "gauge", "Response body bytes the jobs in memory hold (bounded by --max-response-memory).")
+        sample(&out, "jobserver_response_memory_bytes", [], Double(m.responseMemoryBytes))
 
         family(&out, "jobserver_fetches_total", "counter", "Finished fetch attempts by outcome.")
         for outcome in m.fetchOutcomes.keys.sorted() {

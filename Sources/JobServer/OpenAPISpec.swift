@@ -869,7 +869,9 @@ paths:
         (`jobserver_long_polls_waiting`), stored jobs that could not be loaded at
         start (`jobserver_jobs_load_failures_total`), jobs waiting in the store
         for their `not_before` (`jobserver_jobs_scheduled`) and for a slot of
-        their concurrency key (`jobserver_jobs_waiting_for_key`), and the job store's health:
+        their concurrency key (`jobserver_jobs_waiting_for_key`), the response
+        bytes the jobs in memory hold (`jobserver_response_memory_bytes`,
+        bounded by `--max-response-memory`), and the job store's health:
         `jobserver_store_degraded` (1 while writes fail and are retried),
         `jobserver_store_write_failures_total`, `jobserver_store_pending_changes`
         (records waiting for the store) and `jobserver_store_dropped_changes_total`
@@ -1653,7 +1655,12 @@ components:
             fetches that settled before it keep their results. Bytes thrown
             away (the failing fetch's partial body, an answer its retry
             replaced) are given back. A job resumed after a restart counts the
-            bytes of its stored results first.
+            bytes of its stored results first. Every job's budget draws on the
+            server's `--max-response-memory` (default 64 MiB, `0`: none), the
+            bytes of all jobs in memory together, given back when a job has
+            settled and left memory: the fetch that would take them over it
+            fails with kind `too_large` too, naming that flag, and is retried
+            when the fetch has `retries` (the room comes back as jobs end).
           type: integer
           minimum: 0
           format: int64

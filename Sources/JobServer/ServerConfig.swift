@@ -16,6 +16,8 @@ struct ServerConfig: Equatable {
     var maxResponseBytes = 10 << 20
     /// `--max-job-bytes`: the response body bytes one job's fetches may receive together (0: no budget).
     var maxJobBytes = 64 << 20
+    /// `--max-response-memory`: the response body bytes all jobs in memory may hold together (0: no bound).
+    var maxResponseMemory = 64 << 20
     var maxConcurrentFetches = 256
     var maxPerHost = 16
     var denyCIDRs = ["169.254.0.0/16"]
@@ -104,6 +106,13 @@ enum CommandLineParser {
             help: "response bytes one job's fetches may receive together, retries and pages included (default 64MiB; 0 = no limit)"
         ) { c, v, _ in
             c.maxJobBytes = v.trimmingCharacters(in: .whitespaces) == "0" ? 0 : try size(v, flag: "--max-job-bytes")
+        },
+        Option(
+            flag: "--max-response-memory",
+            help: "response bytes all jobs in memory may hold together (default 64MiB; 0 = no limit)"
+        ) { c, v, _ in
+            c.maxResponseMemory =
+                v.trimmingCharacters(in: .whitespaces) == "0" ? 0 : try size(v, flag: "--max-response-memory")
         },
         Option(flag: "--max-concurrent-fetches", help: "transfers at once (default 256)") { c, v, _ in
             c.maxConcurrentFetches = try integer(v, flag: "--max-concurrent-fetches", in: 1...1_000_000)
@@ -350,6 +359,7 @@ extension ServerConfig {
         c.retentionMs = retentionMs
         c.settledCacheBytes = settledCacheBytes
         c.maxJobBytes = maxJobBytes
+        c.maxResponseMemory = maxResponseMemory
         c.hostRates = hostRates
         return c
     }

@@ -2,7 +2,8 @@
 # The per-job response byte budget (--max-job-bytes): the fetch whose bytes take the job over it fails with
 # too_large and a message naming the budget and the flag, the fetches before it keep their results, fetches in
 # parallel never hold more than the budget together, a restarted job counts its stored results, and 0 lets
-# everything through.
+# everything through. The server's budget (--max-response-memory), which every job's draws on, bounds what all jobs
+# in memory hold together.
 # shellcheck source-path=SCRIPTDIR source=lib.sh disable=SC2119
 source "$(dirname "$0")/lib.sh"
 
@@ -86,6 +87,33 @@ wait_settled "$JOB_ID"
 expect_jq .state failed
 expect_jq .error.kind too_large
 expect_jq_true ".error.message | contains(\"budget of $((page * 5 / 2)) bytes\") and contains(\"page=3\")"
+
+step "--max-response-memory: the jobs in memory hold it together; past it a fetch fails too_large naming the flag, and a job's bytes come back when it leaves memory"
+memory() {
+  api GET /metrics
+  awk '$1 == "jobserver_response_memory_bytes" {print $2}' <<<"$RESP"
+}
+stop_server "$SERVER_PID"
+start_server --max-job-bytes 0 --max-response-memory 1MiB
+submit "{\"graph\":{\"type\":\"list\",\"children\":[$(big),$(big),$(big),$(fetch /delay/3000)]}}"
+holder="$JOB_ID"
+wait_nodes_state "$holder" succeeded root.0 root.1 root.2
+[ "$(memory)" = $((3 * size)) ] || fail "the holder's 3 fetches are not what the server counts: $(memory)"
+submit "{\"graph\":$(big)}"
+wait_settled "$JOB_ID"
+expect_jq .state failed
+expect_jq .error.kind too_large
+expect_jq_true ".error.message | contains(\"the server's $budget bytes\") and contains(\"--max-response-memory\")"
+wait_settled "$holder"
+expect_jq .state succeeded
+for ((i = 0; i < 100; i++)); do
+  [ "$(memory)" = 0 ] && break
+  sleep 0.1
+done
+[ "$(memory)" = 0 ] || fail "the settled jobs still count $(memory) bytes against the server"
+submit "{\"graph\":{\"type\":\"list\",\"children\":[$(big),$(big),$(big)]}}"
+wait_settled "$JOB_ID"
+expect_jq .state succeeded
 
 step "the flag is refused when it is not a size"
 out="$("$JOBSERVER_BIN" serve --max-job-bytes lots 2>&1 || true)"

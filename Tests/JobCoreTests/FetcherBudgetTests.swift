@@ -75,4 +75,33 @@ final class FetcherBudgetTests: FetcherTestCase {
         XCTAssertEqual(try fetch("/bytes/100", budget: budget).response?.bytes, 100)
         XCTAssertEqual(budget.remaining, 0)
     }
+
+    func testJobsDrawOnTheServersBudgetAndGiveBackWhatTheyHeldWhenTheyEnd() throws {
+        let server = ByteBudget(limit: 1000, scope: .server)
+        var first: ByteBudget? = ByteBudget(limit: 1 << 20, shared: server)
+        let second = ByteBudget(limit: 1 << 20, shared: server)
+        XCTAssertEqual(try fetch("/bytes/600", budget: try XCTUnwrap(first)).response?.bytes, 600)
+        XCTAssertEqual(server.usedBytes, 600)
+        for suffix in ["", "?chunked=1"] {
+            // Refused by the server's budget, not the job's: named so, and retried when the fetch asks.
+            let over = try fetch("/bytes/401" + suffix, budget: second, retries: 2)
+            XCTAssertEqual(over.error?.kind, .tooLarge, suffix)
+            let message = over.error?.message ?? ""
+            XCTAssertTrue(message.contains("the server's 1000 bytes") && message.contains("--max-response-memory"), message)
+            XCTAssertTrue(ByteBudget.isBudgetFailure(try XCTUnwrap(over.error)))
+            XCTAssertEqual(over.attempts, 3, suffix)
+            XCTAssertEqual(second.usedBytes, 0, suffix)
+            XCTAssertEqual(server.usedBytes, 600, suffix)
+        }
+        // The first job leaves memory: what it held goes back, and the second's fetch fits.
+        first = nil
+        XCTAssertTrue(TestSupport.eventually { server.usedBytes == 0 })
+        XCTAssertEqual(try fetch("/bytes/401", budget: second).response?.bytes, 401)
+        XCTAssertEqual(server.usedBytes, 401)
+        // A job's own budget is still its own: refused there, the fetch is not retried.
+        let small = ByteBudget(limit: 100, shared: server)
+        let own = try fetch("/bytes/101", budget: small, retries: 2)
+        XCTAssertTrue(own.error?.message.contains("--max-job-bytes") == true, own.error?.message ?? "")
+        XCTAssertEqual(own.attempts, 1)
+    }
 }

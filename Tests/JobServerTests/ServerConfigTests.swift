@@ -160,6 +160,11 @@ final class ServerConfigTests: XCTestCase {
         XCTAssertEqual(try serve([], env: ["JOBSERVER_MAX_JOB_BYTES": "512k"]).maxJobBytes, 512 << 10)
         assertRefused(["--max-job-bytes", "lots"], mentioning: "--max-job-bytes")
         XCTAssertTrue(CommandLineParser.usage.contains("--max-job-bytes"))
+        XCTAssertEqual(try serve([]).engineConfiguration.maxResponseMemory, 64 << 20)
+        XCTAssertEqual(try serve(["--max-response-memory", "1GiB"]).engineConfiguration.maxResponseMemory, 1 << 30)
+        XCTAssertEqual(try serve(["--max-response-memory", "0"]).engineConfiguration.maxResponseMemory, 0)
+        XCTAssertEqual(try serve([], env: ["JOBSERVER_MAX_RESPONSE_MEMORY": "2MiB"]).maxResponseMemory, 2 << 20)
+        assertRefused(["--max-response-memory", "lots"], mentioning: "--max-response-memory")
     }
 
     func testBadValuesAreRefusedNamingTheFlag() {

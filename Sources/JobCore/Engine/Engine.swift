@@ -16,6 +16,9 @@ public final class Engine: @unchecked Sendable {
     let fetcher: Fetcher
     let configuration: EngineConfiguration
     let logger: Logger
+    /// The response bytes all jobs in memory hold (`configuration.maxResponseMemory`), which every job's budget
+    /// draws on; `nil`: no bound. It guards itself.
+    let responseMemory: ByteBudget?
     let queue = DispatchQueue(label: "jobserver.engine")
     let scheduler: DeferredScheduler
 
@@ -93,6 +96,8 @@ public final class Engine: @unchecked Sendable {
         self.logger = logger
         self.renderSettled = renderSettled
         self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
+        self.responseMemory =
+            configuration.maxResponseMemory > 0 ? ByteBudget(limit: configuration.maxResponseMemory, scope: .server) : nil
         self.scheduler = DispatchQueueScheduler(queue: queue)
         self.fetchQueue = FetchQueue(maxTotal: configuration.maxConcurrentFetches, maxPerHost: configuration.maxPerHost)
         self.shared = store as? SharedJobStore
@@ -488,6 +493,7 @@ public final class Engine: @unchecked Sendable {
             m.longPollsWaiting = self.waiters.values.reduce(0) { $0 + $1.count }
             m.scheduledJobs = self.timekeeper.scheduledJobs
             m.waitingForKey = self.gate.totalWaiting
+            m.responseMemoryBytes = self.responseMemory?.usedBytes ?? 0
             m.transfer.rateLimitWaitMs = Int(self.fetchQueue.rateWaitNs / 1_000_000)
             m.transfer.rateLimitedFetches = self.fetchQueue.rateLimitedStarts
             m.transfer.coalescedFetches = self.sharedTransfers.coalescedCount

@@ -16,6 +16,9 @@ public struct EngineConfiguration: Sendable {
     public var settledCacheBytes = 64 << 20
     /// Each job's response byte budget (`ByteBudget`); 0: none. The server sets it from `--max-job-bytes`.
     public var maxJobBytes = 0
+    /// The response body bytes all jobs in memory may hold together (`ByteBudget` of scope `.server`), drawn on by
+    /// every job's budget; 0: no bound. The server sets it from `--max-response-memory`.
+    public var maxResponseMemory = 0
     /// At most this many jobs waiting in the store for their `not_before`; more such submissions are refused (429).
     public var maxScheduledJobs = 1_000_000
     /// Due jobs taken from the store into memory per read.
@@ -78,6 +81,8 @@ public struct EngineMetrics: Sendable {
     public var scheduledJobs = 0
     /// Jobs waiting for a slot of their concurrency key.
     public var waitingForKey = 0
+    /// Response body bytes the jobs in memory hold (counted against `maxResponseMemory`; 0 when it is unset).
+    public var responseMemoryBytes = 0
     /// Coalescing, cache and rate-limit counters (API.md §9).
     public var transfer = TransferMetrics()
 

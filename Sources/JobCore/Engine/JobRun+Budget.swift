@@ -1,11 +1,12 @@
 extension JobRun {
-    /// The job's response byte budget (`--max-job-bytes`), or `nil` when the server sets none. A job rebuilt after
-    /// a restart starts from the response bytes its stored results hold, so the budget bounds what the job holds
-    /// across restarts too.
+    /// The job's response byte budget (`--max-job-bytes`), drawing on the server's (`--max-response-memory`), or
+    /// `nil` when the server sets neither. A job rebuilt after a restart starts from the response bytes its stored
+    /// results hold, so the budget bounds what the job holds across restarts too.
     func makeByteBudget() -> ByteBudget? {
         let limit = engine.configuration.maxJobBytes
-        guard limit > 0 else { return nil }
-        return ByteBudget(limit: limit, used: storedResponseBytes())
+        let shared = engine.responseMemory
+        guard limit > 0 || shared != nil else { return nil }
+        return ByteBudget(limit: limit > 0 ? limit : .max, used: storedResponseBytes(), shared: shared)
     }
 
     /// The response body bytes the settled fetch nodes' results hold: a fetch's `bytes`, a paginated fetch's pages'
@@ -31,10 +32,11 @@ extension JobRun {
     func chargeDelivered(_ i: Int, _ outcome: FetchOutcome) -> FetchOutcome {
         guard case .success(let response) = outcome.result, let budget = byteBudget else { return outcome }
         let uncounted = response.coalesced == true || response.cacheOutcome == "hit" || response.cacheOutcome == "revalidated"
-        guard uncounted, !budget.take(response.bytes), case .fetch(let request) = graph.nodes[i].kind else { return outcome }
+        guard uncounted, let refused = budget.refusal(taking: response.bytes), case .fetch(let request) = graph.nodes[i].kind
+        else { return outcome }
         let what = "\(request.method) \(nodes[i].request?["url"]?.stringValue ?? request.url)"
         return FetchOutcome(
-            result: .failure(NodeError(.tooLarge, "\(what): \(budget.exceeded)")), attempts: outcome.attempts,
+            result: .failure(NodeError(.tooLarge, "\(what): \(refused.exceeded)")), attempts: outcome.attempts,
             lastResponse: nil)
     }
 }

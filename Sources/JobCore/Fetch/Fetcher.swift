@@ -55,7 +55,9 @@ public final class FetchHandle: @unchecked Sendable {
 ///   exceed the limit; a header line over libcurl's 100 KiB, or a header
 ///   section over `Transfer.maxHeaderBytes` (256 KiB).
 ///   Also (not retried) when the job's `ByteBudget` cannot take a declared
-///   length or the bytes received: the job's responses together are over it.
+///   length or the bytes received: the job's responses together are over it;
+///   and (retried) when the server's, which the job's draws on, cannot: all
+///   jobs' responses in memory together are over `--max-response-memory`.
 /// - `http_status`: a final status outside 2xx and `acceptStatus` (5xx and 429 retried).
 /// - `invalid_json`: `expect: json` and the body does not parse.
 /// - `cancelled`: `FetchHandle.cancel()` or `shutdown()`.
@@ -143,6 +145,8 @@ final class Transfer {
     var status = 0
     /// Why the attempt is over its size limits, once it is.
     var tooLargeReason: String?
+    /// The limit crossed is the server's `--max-response-memory`, which frees as other jobs end.
+    var refusedByServerBudget = false
     var deniedMessage: String?
     /// The current response's header bytes so far, reset by each status line.
     var headerBytes = 0
@@ -175,6 +179,7 @@ final class Transfer {
         headers = []
         status = 0
         tooLargeReason = nil
+        refusedByServerBudget = false
         deniedMessage = nil
         headerBytes = 0
         headersEnded = false
@@ -280,14 +285,19 @@ final class Transfer {
         }
         // A declared length the job's budget cannot take fails before any of it arrives (other fetches of the job
         // may take some of what is left meanwhile, so the body itself is still counted).
-        if let budget, length > budget.remaining {
-            tooLargeReason = budget.exceeded
+        if let refused = budget?.refusal(declared: length) {
+            refuse(refused)
             return false
         }
         // One buffer of the declared size, within the limits just checked: grown by doubling instead, a 10 MB
         // body would be copied some 20 times and end in a 16 MiB buffer.
         if body.isEmpty { body.reserveCapacity(length) }
         return true
+    }
+
+    private func refuse(_ budget: ByteBudget) {
+        tooLargeReason = budget.exceeded
+        refusedByServerBudget = budget.scope == .server
     }
 
     /// The largest header section accepted per response (status line excluded).
@@ -302,8 +312,8 @@ final class Transfer {
             return false
         }
         if let budget {
-            guard budget.take(chunk.count) else {
-                tooLargeReason = budget.exceeded
+            if let refused = budget.refusal(taking: chunk.count) {
+                refuse(refused)
                 return false
             }
             countedBytes += chunk.count
@@ -783,7 +793,7 @@ final class FetchLoop: @unchecked Sendable {
 
     private func classify(_ code: CURLcode, transfer: Transfer, what: String, detail: String) -> (NodeError, Bool) {
         if let reason = transfer.tooLargeReason {
-            return (NodeError(.tooLarge, "\(what): \(reason)"), false)
+            return (NodeError(.tooLarge, "\(what): \(reason)"), transfer.refusedByServerBudget)
         }
         if code == CURLE_FILESIZE_EXCEEDED {
             return (NodeError(.tooLarge, "\(what): \(transfer.bodyTooLarge)"), false)
