@@ -226,6 +226,10 @@ final class App: @unchecked Sendable {
             exchange.send(Self.error(400, "malformed_json", "the request body is empty; expected a JSON job"))
             return
         }
+        if engine.refusesActiveJobs, !Self.mayWaitForItsTime(request.body) {
+            exchange.send(Self.queueFull)
+            return
+        }
         let body: JSONValue
         do {
             body = try JSONValue.parse(request.body, maxDepth: config.graphLimits.requestJSONDepth)
@@ -257,11 +261,34 @@ final class App: @unchecked Sendable {
             exchange.send(
                 Self.error(409, "conflict", "Idempotency-Key was already used for job \(job.id) with a different request body"))
         case .queueFull:
-            var response = Self.error(429, "too_many_jobs", "too many pending and running jobs; retry later")
-            response.headers.set("Retry-After", "1")
-            exchange.send(response)
+            exchange.send(Self.queueFull)
         case .shuttingDown:
             exchange.send(Self.error(503, "shutting_down", "the server is shutting down; submit again later"))
+        }
+    }
+
+    private static var queueFull: HTTPResponse {
+        var response = error(429, "too_many_jobs", "too many pending and running jobs; retry later")
+        response.headers.set("Retry-After", "1")
+        return response
+    }
+
+    /// Whether a body may hold a `not_before` (a job that waits in the store, which `--max-active-jobs` does not
+    /// count): it has the key's bytes, or a backslash that could spell them as escapes. A body with neither
+    /// cannot, so a submission over the limit is refused without parsing it.
+    static func mayWaitForItsTime(_ body: [UInt8]) -> Bool {
+        let key = Array("not_before".utf8)
+        return body.withUnsafeBufferPointer { bytes in
+            guard let base = bytes.baseAddress else { return false }
+            if memchr(base, 0x5C, bytes.count) != nil { return true }
+            var from = 0
+            while bytes.count - from >= key.count {
+                guard let hit = memchr(base + from, Int32(key[0]), bytes.count - from - key.count + 1) else { return false }
+                let at = base.distance(to: hit.assumingMemoryBound(to: UInt8.self))
+                if memcmp(base + at, key, key.count) == 0 { return true }
+                from = at + 1
+            }
+            return false
         }
     }
 
@@ -357,9 +384,7 @@ final class App: @unchecked Sendable {
             case .success(.notFound):
                 exchange.send(Self.jobNotFound(id))
             case .success(.queueFull):
-                var response = Self.error(429, "too_many_jobs", "too many pending and running jobs; retry later")
-                response.headers.set("Retry-After", "1")
-                exchange.send(response)
+                exchange.send(Self.queueFull)
             case .failure(let error as EngineError) where error.isShuttingDown:
                 exchange.send(Self.error(503, "shutting_down", "the server is shutting down; retry again after it restarts"))
             case .failure(let error):

@@ -138,7 +138,9 @@ paths:
         to new submissions.
         When the server already holds its limit of active jobs
         (`--max-active-jobs`), the answer is `429 too_many_jobs` with
-        `Retry-After`; when the job store cannot write (disk full), it is
+        `Retry-After`, given before the body is parsed when it cannot hold a
+        `not_before` (so a flood of submissions is refused cheaply, whatever
+        their bodies); when the job store cannot write (disk full), it is
         `503 storage_unavailable` with `Retry-After`. Neither bad input nor a
         refused submission leaves a half-written job.
 

@@ -14,14 +14,43 @@ final class FetchQueueTests: XCTestCase {
         return taken
     }
 
-    func testJobsOnOneHostTakeTurns() {
-        var queue = FetchQueue(maxTotal: 100, maxPerHost: 100)
-        for n in 0..<3 { queue.enqueue(ticket("a", n), host: "h") }
-        for n in 0..<2 { queue.enqueue(ticket("b", n), host: "h") }
-        XCTAssertEqual(queue.waiting, 5)
-        XCTAssertEqual(drain(&queue), ["a.0@h", "b.0@h", "a.1@h", "b.1@h", "a.2@h"])
+    /// Takes fetches one at a time (at most `count`), each finished before the next is taken.
+    private func serve(_ queue: inout FetchQueue, count: Int = 10_000) -> [String] {
+        var taken: [String] = []
+        for _ in 0..<count {
+            guard let (t, host) = queue.next() else { break }
+            taken.append("\(t.jobID).\(t.node)")
+            queue.finished(host: host)
+        }
+        return taken
+    }
+
+    func testJobsOnOneHostTakeTurnsOfAsManyFetchesAsTheHostHasSlots() {
+        var queue = FetchQueue(maxTotal: 100, maxPerHost: 2)
+        for n in 0..<5 { queue.enqueue(ticket("a", n), host: "h") }
+        for n in 0..<3 { queue.enqueue(ticket("b", n), host: "h") }
+        XCTAssertEqual(queue.waiting, 8)
+        XCTAssertEqual(serve(&queue), ["a.0", "a.1", "b.0", "b.1", "a.2", "a.3", "b.2", "a.4"])
         XCTAssertEqual(queue.waiting, 0)
-        XCTAssertEqual(queue.inFlight, 5)
+        XCTAssertEqual(queue.inFlight, 0)
+    }
+
+    func testThousandsOfJobsComingAndGoingKeepTheirTurns() {
+        var queue = FetchQueue(maxTotal: 100, maxPerHost: 1)
+        for job in 0..<1_000 { queue.enqueue(ticket("j\(job)", 0), host: "h") }
+        XCTAssertEqual(serve(&queue, count: 700), (0..<700).map { "j\($0).0" })
+        // Past the compaction of the emptied places: a job dropped is skipped; one emptied and queued again takes
+        // its turn behind the jobs waiting in this round, before their second fetches.
+        for job in 700..<1_000 where job % 3 == 0 { queue.enqueue(ticket("j\(job)", 1), host: "h") }
+        queue.removeJob("j999")
+        queue.enqueue(ticket("j5", 1), host: "h")
+        let rest = serve(&queue)
+        XCTAssertEqual(rest.count, 300 + 100 - 2 + 1, "j999's two dropped, j5's new one taken")
+        XCTAssertFalse(rest.contains("j999.1"))
+        XCTAssertEqual(rest.firstIndex(of: "j5.1"), rest.firstIndex(of: "j998.0").map { $0 + 1 })
+        XCTAssertEqual(rest.firstIndex(of: "j702.1"), rest.firstIndex(of: "j5.1").map { $0 + 1 })
+        XCTAssertEqual(rest.last, "j996.1")
+        XCTAssertEqual(queue.waiting, 0)
     }
 
     func testAHostAtItsLimitDoesNotHoldUpAnother() {

@@ -143,6 +143,18 @@ class AppRouteTests: XCTestCase {
         XCTAssertEqual(answer.status, 429, answer.text)
         XCTAssertEqual(answer.errorCode, "too_many_jobs")
         XCTAssertEqual(answer.headers["Retry-After"], "1")
+        // Refused before its body is read: even one that is not a job.
+        XCTAssertEqual(harness.call(.submitJob, body: "{\"graph\": [").status, 429)
+        // A job that waits for its time is not an active one, whether its key is spelt plainly or in escapes.
+        let later = ISO8601DateFormatter().string(from: Date().addingTimeInterval(3600))
+        for key in ["not_before", "not\\u005fbefore"] {
+            let scheduled = harness.call(
+                .submitJob, body: "{\"graph\":{\"type\":\"fetch\",\"url\":\"\(upstream.url("/json"))\"},\"\(key)\":\"\(later)\"}")
+            XCTAssertEqual(scheduled.status, 201, "\(key): \(scheduled.text)")
+        }
+        XCTAssertFalse(App.mayWaitForItsTime(Array("{\"graph\":{\"type\":\"fetch\",\"url\":\"http://h/\"}}".utf8)))
+        XCTAssertTrue(App.mayWaitForItsTime(Array("{\"not_before\":1}".utf8)))
+        XCTAssertTrue(App.mayWaitForItsTime(Array("{\"a\":\"\\n\"}".utf8)))
     }
 
     // MARK: Reading

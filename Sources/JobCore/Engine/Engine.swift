@@ -24,7 +24,12 @@ public final class Engine: @unchecked Sendable {
 
     // Owned by `queue`.
     var runs: [String: JobRun] = [:]
-    var unsettledJobs = 0
+    var unsettledJobs = 0 {
+        didSet { activeJobCount.store(unsettledJobs, ordering: .relaxed) }
+    }
+    /// `unsettledJobs` as last set, readable from any thread: a submission is refused for it before its body is
+    /// read (`refusesActiveJobs`).
+    private let activeJobCount = Atomic<Int>(0)
     private var dirtyRuns: [ObjectIdentifier: JobRun] = [:]
     private var flushScheduled = false
     private var pumpScheduled = false
@@ -291,6 +296,12 @@ public final class Engine: @unchecked Sendable {
     }
 
     // MARK: - Submitting
+
+    /// Whether a job that does not wait for a time would be refused now for `maxActiveJobs` (`.queueFull`), read
+    /// without the engine's queue: under a flood, the refusal then costs no parse of the body it refuses.
+    public var refusesActiveJobs: Bool {
+        activeJobCount.load(ordering: .relaxed) >= configuration.maxActiveJobs
+    }
 
     /// Creates a job, durable when this returns, and starts it.
     /// - Parameters:

@@ -5,6 +5,10 @@
 /// transfer costs a curl handle). Waiting fetches are grouped by host, and
 /// within a host in lanes, one per job, served round-robin, so that one job's
 /// fan-out of 10,000 calls neither floods an upstream nor starves other jobs.
+/// A job's turn takes up to as many fetches as the host has slots: a small
+/// job's fetches then start together and settle together, so it is done (and
+/// written) in one go, rather than all waiting jobs advancing one fetch per
+/// round, each finishing late and rewritten at every fetch.
 /// Every limit is a host's (its slots, its rate), so finding the next fetch
 /// looks at each waiting host once, however many jobs wait on it. Owned by the
 /// engine's queue; not thread-safe.
@@ -33,50 +37,88 @@ struct FetchQueue {
         }
     }
 
-    /// The fetches waiting for one host: a lane per job, taken in turn.
+    /// The fetches waiting for one host: a lane per job, taken in turn, each turn up to `quantum` fetches.
+    ///
+    /// A job whose lane empties keeps its (empty) lane and its place in the ring until empty places are half the
+    /// ring, which is then compacted in one pass: taking one out in place would move the whole ring each time, and
+    /// with thousands of jobs waiting that cost more than serving them.
     private struct HostLanes {
         var lanes: [String: Lane] = [:]
         var ring: [String] = []
         var cursor = 0
+        /// Fetches the job at `cursor` has taken in its current turn.
+        var served = 0
+        var emptyLanes = 0
         var waiting = 0
         /// Since when (monotonic ns) the host's next fetch could start but for its rate.
         var rateBlockedSinceNs: UInt64?
 
         mutating func append(_ ticket: Ticket) {
-            if lanes[ticket.jobID] == nil { ring.append(ticket.jobID) }
+            if let lane = lanes[ticket.jobID] {
+                if lane.isEmpty { emptyLanes -= 1 }
+            } else {
+                ring.append(ticket.jobID)
+            }
             lanes[ticket.jobID, default: Lane()].tickets.append(ticket)
             waiting += 1
         }
 
-        /// The next job's oldest fetch; the job's turn passes to the next job.
-        mutating func pop() -> Ticket? {
-            while !ring.isEmpty {
+        /// The oldest fetch of the job whose turn it is; the turn passes to the next job after `quantum` fetches
+        /// or when the job has none left.
+        mutating func pop(quantum: Int) -> Ticket? {
+            guard waiting > 0 else { return nil }
+            for _ in 0...ring.count {
                 if cursor >= ring.count { cursor = 0 }
                 let job = ring[cursor]
-                if let ticket = lanes[job]?.pop() {
-                    waiting -= 1
-                    if lanes[job]?.isEmpty ?? true {
-                        lanes[job] = nil
-                        ring.remove(at: cursor)
-                    } else {
-                        cursor += 1
-                    }
-                    return ticket
+                guard let ticket = lanes[job]?.pop() else {
+                    passTurn()
+                    continue
                 }
-                lanes[job] = nil
-                ring.remove(at: cursor)
+                waiting -= 1
+                served += 1
+                if lanes[job]?.isEmpty ?? true {
+                    lanes[job] = Lane()
+                    emptyLanes += 1
+                    passTurn()
+                    compactIfSparse()
+                } else if served >= quantum {
+                    passTurn()
+                }
+                return ticket
             }
             return nil
         }
 
-        /// Drops the job's lane; how many fetches it held.
-        mutating func remove(job: String) -> Int {
-            guard let lane = lanes.removeValue(forKey: job) else { return 0 }
-            if let k = ring.firstIndex(of: job) {
-                ring.remove(at: k)
-                if cursor > k { cursor -= 1 }
+        private mutating func passTurn() {
+            cursor += 1
+            served = 0
+        }
+
+        private mutating func compactIfSparse() {
+            guard emptyLanes > 64, emptyLanes * 2 > ring.count else { return }
+            var kept: [String] = []
+            kept.reserveCapacity(ring.count - emptyLanes)
+            var keptBeforeCursor = 0
+            for (k, job) in ring.enumerated() {
+                guard let lane = lanes[job], !lane.isEmpty else {
+                    lanes[job] = nil
+                    continue
+                }
+                if k < cursor { keptBeforeCursor += 1 }
+                kept.append(job)
             }
+            ring = kept
+            cursor = keptBeforeCursor
+            emptyLanes = 0
+        }
+
+        /// Empties the job's lane; how many fetches it held.
+        mutating func remove(job: String) -> Int {
+            guard let lane = lanes[job], !lane.isEmpty else { return 0 }
+            lanes[job] = Lane()
+            emptyLanes += 1
             waiting -= lane.count
+            compactIfSparse()
             return lane.count
         }
     }
@@ -148,7 +190,7 @@ struct FetchQueue {
                 rateLimitedStarts += 1
                 hosts[host]?.rateBlockedSinceNs = nil
             }
-            guard let ticket = hosts[host]?.pop() else { continue }
+            guard let ticket = hosts[host]?.pop(quantum: maxPerHost) else { continue }
             waiting -= 1
             inFlight += 1
             hostInFlight[host, default: 0] += 1
