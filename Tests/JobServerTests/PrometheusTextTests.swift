@@ -11,6 +11,7 @@ final class PrometheusTextTests: XCTestCase {
         m.activeJobs = 2
         m.pendingFetches = 6
         m.fetchesInFlight = 4
+        m.responseMemoryBytes = 921600
         m.fetchOutcomes = ["succeeded": 7, "timeout": 1, "http_status": 2]
         m.latencyBucketsMs = [10, 100]
         m.latencyCounts = [3, 5, 2]
@@ -64,6 +65,9 @@ final class PrometheusTextTests: XCTestCase {
             # HELP jobserver_jobs_waiting_for_key Jobs waiting for a slot of their concurrency key.
             # TYPE jobserver_jobs_waiting_for_key gauge
             jobserver_jobs_waiting_for_key 0
+            # HELP jobserver_response_memory_bytes Response body bytes the jobs in memory hold (bounded by --max-response-memory).
+            # TYPE jobserver_response_memory_bytes gauge
+            jobserver_response_memory_bytes 921600
             # HELP jobserver_fetches_total Finished fetch attempts by outcome.
             # TYPE jobserver_fetches_total counter
             jobserver_fetches_total{outcome="http_status"} 2
