@@ -5,10 +5,6 @@
 /// transfer costs a curl handle). Waiting fetches are grouped by host, and
 /// within a host in lanes, one per job, served round-robin, so that one job's
 /// fan-out of 10,000 calls neither floods an upstream nor starves other jobs.
-/// A job's turn takes up to as many fetches as the host has slots: a small
-/// job's fetches then start together and settle together, so it is done (and
-/// written) in one go, rather than all waiting jobs advancing one fetch per
-/// round, each finishing late and rewritten at every fetch.
 /// Every limit is a host's (its slots, its rate), so finding the next fetch
 /// looks at each waiting host once, however many jobs wait on it. Owned by the
 /// engine's queue; not thread-safe.
@@ -37,7 +33,7 @@ struct FetchQueue {
         }
     }
 
-    /// The fetches waiting for one host: a lane per job, taken in turn, each turn up to `quantum` fetches.
+    /// The fetches waiting for one host: a lane per job, taken in turn, one fetch a turn.
     ///
     /// A job whose lane empties keeps its (empty) lane and its place in the ring until empty places are half the
     /// ring, which is then compacted in one pass: taking one out in place would move the whole ring each time, and
@@ -46,8 +42,6 @@ struct FetchQueue {
         var lanes: [String: Lane] = [:]
         var ring: [String] = []
         var cursor = 0
-        /// Fetches the job at `cursor` has taken in its current turn.
-        var served = 0
         var emptyLanes = 0
         var waiting = 0
         /// Since when (monotonic ns) the host's next fetch could start but for its rate.
@@ -63,35 +57,23 @@ struct FetchQueue {
             waiting += 1
         }
 
-        /// The oldest fetch of the job whose turn it is; the turn passes to the next job after `quantum` fetches
-        /// or when the job has none left.
-        mutating func pop(quantum: Int) -> Ticket? {
+        /// The next job's oldest fetch; the job's turn passes to the next job.
+        mutating func pop() -> Ticket? {
             guard waiting > 0 else { return nil }
             for _ in 0...ring.count {
                 if cursor >= ring.count { cursor = 0 }
                 let job = ring[cursor]
-                guard let ticket = lanes[job]?.pop() else {
-                    passTurn()
-                    continue
-                }
+                cursor += 1
+                guard let ticket = lanes[job]?.pop() else { continue }
                 waiting -= 1
-                served += 1
                 if lanes[job]?.isEmpty ?? true {
                     lanes[job] = Lane()
                     emptyLanes += 1
-                    passTurn()
                     compactIfSparse()
-                } else if served >= quantum {
-                    passTurn()
                 }
                 return ticket
             }
             return nil
-        }
-
-        private mutating func passTurn() {
-            cursor += 1
-            served = 0
         }
 
         private mutating func compactIfSparse() {
@@ -190,7 +172,7 @@ struct FetchQueue {
                 rateLimitedStarts += 1
                 hosts[host]?.rateBlockedSinceNs = nil
             }
-            guard let ticket = hosts[host]?.pop(quantum: maxPerHost) else { continue }
+            guard let ticket = hosts[host]?.pop() else { continue }
             waiting -= 1
             inFlight += 1
             hostInFlight[host, default: 0] += 1
