@@ -52,10 +52,6 @@ public final class ByteBudget: Sendable {
     /// Bytes left before this budget or the one it draws on is crossed.
     public var remaining: Int { min(max(0, limit - usedBytes), shared?.remaining ?? .max) }
 
-    /// Counts `count` more bytes; false, and nothing counted, when they would take this budget or the one it
-    /// draws on over its limit.
-    public func take(_ count: Int) -> Bool { refusal(taking: count) == nil }
-
     /// Counts `count` more bytes here and in `shared`; when one of them cannot take them, nothing is counted and
     /// the answer is that budget.
     public func refusal(taking count: Int) -> ByteBudget? {

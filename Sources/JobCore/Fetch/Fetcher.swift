@@ -283,8 +283,8 @@ final class Transfer {
             tooLargeReason = bodyTooLarge
             return false
         }
-        // A declared length the job's budget cannot take fails before any of it arrives (other fetches of the job
-        // may take some of what is left meanwhile, so the body itself is still counted).
+        // A declared length the job's budget (or the server's it draws on) cannot take fails before any of it
+        // arrives (other fetches may take some of what is left meanwhile, so the body itself is still counted).
         if let refused = budget?.refusal(declared: length) {
             refuse(refused)
             return false
