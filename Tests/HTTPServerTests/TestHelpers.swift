@@ -207,29 +207,26 @@ func curl(_ arguments: [String]) throws -> CurlResult {
 
 /// Holds responders that tests complete later.
 final class ResponderBox: @unchecked Sendable {
-    // @unchecked: `responders` is read and written only with `lock` held.
-    private let lock = NSLock()
+    // @unchecked: `responders` is read and written only with `condition` locked.
+    private let condition = NSCondition()
     private var responders: [HTTPResponder] = []
 
     func put(_ responder: HTTPResponder) {
-        lock.lock()
+        condition.lock()
         responders.append(responder)
-        lock.unlock()
+        condition.signal()
+        condition.unlock()
     }
 
+    /// The first responder put, waiting for one at most `timeoutSeconds`.
     func take(timeoutSeconds: Double = 5) -> HTTPResponder? {
         let deadline = Date().addingTimeInterval(timeoutSeconds)
-        while Date() < deadline {
-            lock.lock()
-            if !responders.isEmpty {
-                let responder = responders.removeFirst()
-                lock.unlock()
-                return responder
-            }
-            lock.unlock()
-            usleep(2_000)
+        condition.lock()
+        defer { condition.unlock() }
+        while responders.isEmpty {
+            guard condition.wait(until: deadline) else { break }
         }
-        return nil
+        return responders.isEmpty ? nil : responders.removeFirst()
     }
 }
 

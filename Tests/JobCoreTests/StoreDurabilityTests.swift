@@ -79,17 +79,23 @@ class StoreDurabilityTests: StoreTestCase, @unchecked Sendable {  // @unchecked:
         defer { posix_spawn_file_actions_destroy(&actions) }
         var pid = pid_t()
         XCTAssertEqual(posix_spawn(&pid, binary, &actions, nil, &argv, &envp), 0)
-        var status: Int32 = 0
-        let deadline = Timestamp.monotonicMs() + 30_000
-        while waitpid(pid, &status, WNOHANG) == 0 {
-            if Timestamp.monotonicMs() > deadline {
-                kill(pid, SIGKILL)
-                waitpid(pid, &status, 0)
-                XCTFail("child did not die in time")
-                return
-            }
-            usleep(10_000)
+        // The child's end is awaited by a blocking waitpid; one still alive after 30 s is killed by a timer, whose
+        // queue also orders the flag it sets before the read below.
+        let timer = DispatchQueue(label: "durability-child-timer")
+        let overdue = Box(false)
+        let killer = DispatchWorkItem {
+            overdue.value = true
+            kill(pid, SIGKILL)
         }
+        timer.asyncAfter(deadline: .now() + 30, execute: killer)
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) == -1, errno == EINTR {}
+        let timedOut = timer.sync {
+            killer.cancel()
+            return overdue.value
+        }
+        XCTAssertFalse(timedOut, "child did not die in time")
+        guard !timedOut else { return }
         XCTAssertEqual(status & 0x7F, SIGKILL, "child ended with status \(status)")
 
         let text = (try? String(contentsOfFile: ackPath, encoding: .utf8)) ?? ""
