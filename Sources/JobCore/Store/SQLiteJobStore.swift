@@ -485,6 +485,8 @@ final class WriteQueue: @unchecked Sendable {
     private let monitor = StoreMonitor()
     private var ops: [WriteOp] = []
     private var closed = false
+    /// Whether an op queued since the last `take` is one somebody waits on (anything but state changes).
+    private var awaited = false
 
     /// Queues `op`; false once the queue is closed.
     func push(_ op: WriteOp) -> Bool {
@@ -492,8 +494,27 @@ final class WriteQueue: @unchecked Sendable {
         defer { monitor.unlock() }
         if closed { return false }
         ops.append(op)
-        if ops.count == 1 { monitor.signal() }
+        var wakes = ops.count == 1
+        if case .changes = op {} else if !awaited {
+            awaited = true
+            wakes = true
+        }
+        if wakes { monitor.signal() }
         return true
+    }
+
+    /// Everything queued, waiting for at least one op; a batch of state changes alone is then held until
+    /// `untilMs` (monotonic) for more to join it. An op somebody waits on, or closing, hands it over at once.
+    func take(gatheringChangesUntilMs untilMs: Int64) -> [WriteOp]? {
+        monitor.lock()
+        defer { monitor.unlock() }
+        while ops.isEmpty && !closed { monitor.wait() }
+        while !closed && !awaited {
+            let left = untilMs - Timestamp.monotonicMs()
+            if left <= 0 { break }
+            monitor.wait(milliseconds: left)
+        }
+        return handOver()
     }
 
     /// Everything queued, waiting for at least one op (without a limit) or at most `limit` ms
@@ -506,10 +527,16 @@ final class WriteQueue: @unchecked Sendable {
         } else {
             while ops.isEmpty && !closed { monitor.wait() }
         }
+        return handOver()
+    }
+
+    /// The queued ops, taken; `nil` once closed and drained. With `monitor` held.
+    private func handOver() -> [WriteOp]? {
         if ops.isEmpty { return closed ? nil : [] }
         let batch = ops
         ops = []
         ops.reserveCapacity(batch.count)
+        awaited = false
         return batch
     }
 
@@ -621,6 +648,8 @@ final class StoreWriter: @unchecked Sendable {
     private var failure: StoreError?
     private var retryDelayMs: Int64 = 0
     private var retryAtMs: Int64 = 0
+    /// When the last transaction committed (monotonic ms).
+    private var lastCommitMs: Int64 = 0
 
     init(connection: SQLiteConnection, logger: Logger) {
         self.db = connection
@@ -630,8 +659,13 @@ final class StoreWriter: @unchecked Sendable {
     /// Writes batches until the queue is closed and drained, then closes the connection.
     func run(_ queue: WriteQueue) {
         while true {
-            let wait = failure == nil ? nil : max(0, retryAtMs - Timestamp.monotonicMs())
-            guard let batch = queue.take(waitingAtMostMs: wait) else { break }
+            let next: [WriteOp]?
+            if failure == nil {
+                next = queue.take(gatheringChangesUntilMs: lastCommitMs + StoreWriter.gatherMs)
+            } else {
+                next = queue.take(waitingAtMostMs: max(0, retryAtMs - Timestamp.monotonicMs()))
+            }
+            guard let batch = next else { break }
             write(batch)
         }
         if !pending.isEmpty {
@@ -733,6 +767,11 @@ final class StoreWriter: @unchecked Sendable {
     /// records, the WAL emptied into the database after each.
     static let recoveryPartRecords = 256
 
+    /// State changes that nobody waits on are committed at most this often (ms): a node that starts and ends
+    /// within it is one row write, not two, and many turns of the engine share one commit. Creations, flushes
+    /// and everything else somebody waits on are written at once, with whatever changes are queued.
+    static let gatherMs: Int64 = 10
+
     /// Writes the pending changes part by part; false (and degraded again) if a part fails for lack of a resource.
     private func writePendingInParts() -> Bool {
         for part in pending.split(maxRecords: StoreWriter.recoveryPartRecords) {
@@ -765,6 +804,7 @@ final class StoreWriter: @unchecked Sendable {
             rollback()
             throw error
         }
+        lastCommitMs = Timestamp.monotonicMs()
         if includesPending { pending.removeAll() }
         if let failure, pending.isEmpty {
             logger.info("store writes recovered", ["after": .string(failure.description)])
@@ -1095,7 +1135,9 @@ enum SQL {
         + "retried_at = ?25, result_ref = ?26 WHERE id = ?1"
     static let insertNode = "INSERT INTO nodes (\(Columns.node)) VALUES ("
         + (1...17).map { "?\($0)" }.joined(separator: ", ") + ")"
-    static let updateNode = "UPDATE nodes SET id = ?3, parent = ?4, type = ?5, state = ?6, attempts = ?7, "
+    /// What changes as a node runs; not `id`, `parent` or `type`, which never do: setting `id`, even to itself,
+    /// would rewrite its `nodes_job_node` entry with every update. `Rows.bind` still binds them (?3–?5).
+    static let updateNode = "UPDATE nodes SET state = ?6, attempts = ?7, "
         + "started_at = ?8, finished_at = ?9, elapsed_ms = ?10, status = ?11, recovered = ?12, error = ?13, "
         + "result = ?14, request = ?15, pages = ?16, result_ref = ?17 WHERE job_id = ?1 AND position = ?2"
     /// Bodies of deleted jobs are not kept.

@@ -1,0 +1,100 @@
+import Foundation
+import XCTest
+@testable import JobCore
+
+/// The writer's inbox: state changes nobody waits on are held for more to join them, and anything somebody waits
+/// on (a creation, a flush) or closing hands the batch over at once.
+final class WriteQueueTests: XCTestCase {
+    private static func changes(_ position: Int) -> WriteOp {
+        let node = NodeRecord(jobID: "j", id: "n\(position)", parent: nil, position: position, type: "fetch", state: .running)
+        return .changes(Changes(jobs: [], nodes: [node], bodies: []))
+    }
+
+    private func positions(_ batch: [WriteOp]?) -> [Int] {
+        (batch ?? []).compactMap { op in
+            if case .changes(let changes) = op { return changes.nodes.first?.position }
+            return nil
+        }
+    }
+
+    /// An hour from now: longer than any test waits, so a batch that comes back came back for a reason.
+    private var anHourFromNow: Int64 { Timestamp.monotonicMs() + 3_600_000 }
+
+    /// Runs `work` on a thread of its own.
+    private func inBackground(_ work: @escaping @Sendable () -> Void) {
+        Thread(block: work).start()
+    }
+
+    /// Closes `queue` after 30 s unless `disarm` ran first, so that a take that would wait for the hour ends;
+    /// `fired` tells whether it had to.
+    private func watchdog(_ queue: WriteQueue) -> (fired: () -> Bool, disarm: () -> Void) {
+        let state = Flags()
+        let timer = DispatchWorkItem {
+            state.fired = true
+            queue.close()
+        }
+        DispatchQueue.global().asyncAfter(deadline: .now() + 30, execute: timer)
+        return ({ state.fired }, { timer.cancel() })
+    }
+
+    func testChangesWaitForMoreUntilAFlushHandsThemOver() {
+        let queue = WriteQueue()
+        XCTAssertTrue(queue.push(Self.changes(1)))
+        let dog = watchdog(queue)
+        inBackground {
+            _ = queue.push(Self.changes(2))
+            _ = queue.push(Self.changes(3))
+            _ = queue.push(.committed(WriteTicket<Void>()))
+        }
+        let batch = queue.take(gatheringChangesUntilMs: anHourFromNow)
+        dog.disarm()
+        XCTAssertFalse(dog.fired(), "the flush handed the batch over")
+        XCTAssertEqual(positions(batch), [1, 2, 3], "the changes queued while it waited joined the first")
+        XCTAssertEqual(batch?.count, 4)
+        if case .committed? = batch?.last {} else { XCTFail("the flush ends the batch: \(String(describing: batch))") }
+    }
+
+    func testACreationIsHandedOverAtOnceWithTheChangesBeforeIt() {
+        let queue = WriteQueue()
+        XCTAssertTrue(queue.push(Self.changes(1)))
+        let job = JobRecord(id: "j", createdAt: 0, request: .null)
+        XCTAssertTrue(queue.push(.create(CreateRequest(job: job, nodes: []), WriteTicket<CreateOutcome>())))
+        let dog = watchdog(queue)
+        let batch = queue.take(gatheringChangesUntilMs: anHourFromNow)
+        dog.disarm()
+        XCTAssertFalse(dog.fired(), "the creation handed the batch over")
+        XCTAssertEqual(positions(batch), [1])
+        XCTAssertEqual(batch?.count, 2)
+    }
+
+    func testChangesAloneAreHandedOverWhenTheirTimeComes() {
+        let queue = WriteQueue()
+        XCTAssertTrue(queue.push(Self.changes(1)))
+        let dog = watchdog(queue)
+        let batch = queue.take(gatheringChangesUntilMs: Timestamp.monotonicMs() + 20)
+        dog.disarm()
+        XCTAssertFalse(dog.fired())
+        XCTAssertEqual(positions(batch), [1])
+    }
+
+    func testClosingHandsOverWhatWaitsAndThenNothing() {
+        let queue = WriteQueue()
+        XCTAssertTrue(queue.push(Self.changes(1)))
+        inBackground { queue.close() }
+        XCTAssertEqual(positions(queue.take(gatheringChangesUntilMs: anHourFromNow)), [1])
+        XCTAssertFalse(queue.push(Self.changes(2)), "closed")
+        XCTAssertNil(queue.take(gatheringChangesUntilMs: anHourFromNow), "closed and drained")
+    }
+}
+
+/// Whether the watchdog fired, written on its queue and read by the test.
+private final class Flags: @unchecked Sendable {
+    // @unchecked: `value` is read and written only with `lock` held.
+    private let lock = NSLock()
+    private var value = false
+
+    var fired: Bool {
+        get { lock.withLock { value } }
+        set { lock.withLock { value = newValue } }
+    }
+}
