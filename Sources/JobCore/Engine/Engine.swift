@@ -613,12 +613,11 @@ public final class Engine: @unchecked Sendable {
         id: String, afterVersion: Int64?, timeoutMs: Int, _ callback: @escaping @Sendable (JobRecord?) -> Void
     ) -> Cancellable? {
         let waiter = Waiter(afterVersion: afterVersion, callback: callback)
-        enum Registration { case waiting, answered, notRunning(shuttingDown: Bool) }
+        enum Registration { case waiting, answered(JobRecord), notRunning(shuttingDown: Bool) }
         let registration: Registration = queue.sync {
             guard let run = runs[id] else { return .notRunning(shuttingDown: shuttingDown) }
             if waiter.isSatisfied(by: run.record) || shuttingDown || timeoutMs <= 0 {
-                waiter.fire(shownRecord(run))
-                return .answered
+                return .answered(shownRecord(run))
             }
             waiters[id, default: []].append(waiter)
             waiter.engine = self
@@ -626,7 +625,9 @@ public final class Engine: @unchecked Sendable {
             return .waiting
         }
         switch registration {
-        case .answered:
+        case .answered(let job):
+            // Made off the queue, which runs every job.
+            waiter.fire(job)
             return nil
         case .waiting:
             armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
@@ -862,8 +863,16 @@ public final class Engine: @unchecked Sendable {
     private func notifyWaiters(_ run: JobRun) {
         guard let list = waiters[run.id] else { return }
         var remaining: [Waiter] = []
+        var satisfied: [Waiter] = []
         for waiter in list {
-            if waiter.isSatisfied(by: run.record) { waiter.fire(shownRecord(run)) } else { remaining.append(waiter) }
+            if waiter.isSatisfied(by: run.record) { satisfied.append(waiter) } else { remaining.append(waiter) }
+        }
+        if !satisfied.isEmpty {
+            // Answered on a read queue: the answer of a job of many results takes long to make, and the queue
+            // runs every job.
+            let record = shownRecord(run)
+            let answered = satisfied
+            onReadQueue { for waiter in answered { waiter.fire(record) } }
         }
         waiters[run.id] = remaining.isEmpty ? nil : remaining
     }
