@@ -99,6 +99,20 @@ final class TransferEngineTests: EngineTestCase {
         XCTAssertEqual(try upstream.stats()["counters"]?["shared"]?.intValue, 1)
     }
 
+    /// Each fetch that joins gives its slot back from inside the pump that gave it one; the pump takes the slot on its
+    /// next turn rather than calling itself, which for thousands of joins in a row would run off the stack.
+    func testThousandsOfFetchesJoiningInARowShareOneRequest() throws {
+        let engine = try makeEngine()
+        let count = 5000
+        let child = #"{"type":"fetch","url":\#(u("/count/row?delay_ms=500")),"coalesce":true}"#
+        let job = try submitJob(engine, #"{"type":"list","children":[\#(Array(repeating: child, count: count).joined(separator: ","))]}"#)
+        let settled = try settledJob(engine, job.id)
+        XCTAssertEqual(settled.state, .succeeded)
+        XCTAssertEqual(settled.result?.arrayValue?.count, count)
+        XCTAssertEqual(try upstream.stats()["counters"]?["row"]?.intValue, 1)
+        XCTAssertEqual(try engine.metricsNow.transfer.coalescedFetches, count - 1)
+    }
+
     func testDifferentHeadersDoNotShare() throws {
         let engine = try makeEngine()
         let a = try submitJob(engine, #"{"type":"fetch","url":\#(u("/count/h?delay_ms=300")),"coalesce":true,"headers":{"X-A":"1"}}"#)

@@ -33,6 +33,8 @@ public final class Engine: @unchecked Sendable {
     private var dirtyRuns: [ObjectIdentifier: JobRun] = [:]
     private var flushScheduled = false
     private var pumpScheduled = false
+    /// Whether `pumpFetches` is running further up the stack (a coalesced fetch gives its slot back from inside it).
+    private var pumping = false
     /// Coalesced transfers in flight (API.md §9); owned by `queue`.
     let sharedTransfers = SharedTransfers()
     /// The HTTP cache of `cache: "use"` fetches (API.md §9); set before `start()`, `nil`: such fetches go out as
@@ -744,7 +746,9 @@ public final class Engine: @unchecked Sendable {
     func fetchFinished(host: String) {
         fetchQueue.finished(host: host)
         shared?.releaseHostSlot(host)
-        schedulePump()
+        // The freed slot is given out now, before the finished fetch's outcome is taken in, rather than by a pump
+        // queued behind everything else waiting on the queue: with all slots busy, that wait is what bounds the rate.
+        pumpFetches()
     }
 
     func schedulePump() {
@@ -755,6 +759,11 @@ public final class Engine: @unchecked Sendable {
 
     private func pumpFetches() {
         pumpScheduled = false
+        // Called again from inside its own loop, it leaves the freed slot to that loop's next turn: recursing would
+        // go as deep as the fetches that join transfers in flight.
+        guard !pumping else { return }
+        pumping = true
+        defer { pumping = false }
         // A server unsure of its leases begins nothing: another may be taking its jobs over (fencing stops
         // their writes, this stops their transfers).
         guard !shuttingDown, shared?.leasesHold ?? true else { return }
