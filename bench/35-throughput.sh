@@ -95,9 +95,9 @@ cat <<MD
 
 \`wrk -t2 -c$CONNECTIONS -d$DURATION\` POSTs one job over and over: a \`list\` of ten fetches of a 1 KiB JSON file from
 nginx $(nginx_version) on 127.0.0.1. The server runs with default flags and log level on a fresh SQLite file each run
-(every submission and state change committed with \`synchronous=FULL\`), then, to show where the limit is, with
-\`$TUNED\`: all fetches go to one host, whose 16 transfers at a time (the default), each slot refilled
-through the engine's queue, bound the rate; and a backlog that grows to 10,000 active jobs, when submissions outrun the
+(every submission committed with \`synchronous=FULL\` before its 201, state changes in batches, at most one commit of them alone every 10 ms, with
+\`synchronous=NORMAL\`), then, to show where the limit is, with \`$TUNED\`: all fetches go to one host, whose 16
+transfers at a time (the default), each slot given out again when the engine's queue takes the finished fetch, bound the rate; and a backlog that grows to 10,000 active jobs, when submissions outrun the
 fetches, costs more per job than a few hundred. $RUNS runs each; median (min–max).
 
 | figure | default flags | \`$TUNED\` |
