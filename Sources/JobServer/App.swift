@@ -332,10 +332,8 @@ final class App: @unchecked Sendable {
             }
             exchange.send(Self.jobAnswer(job, ifNoneMatch: ifNoneMatch))
         }
-        if let token {
-            let box = CancellableBox(token)
-            exchange.onClose { box.cancel() }
-        }
+        let box = CancellableBox(token)
+        exchange.onClose { box.cancel() }
     }
 
     private func deleteJob(_ request: APIRequest, _ exchange: Exchange) throws {

@@ -276,25 +276,17 @@ extension Engine {
     }
 
     /// A long-poll on a job waiting in the store: it is answered when the job changes (once taken in, or
-    /// cancelled), or after `timeoutMs`.
-    func waitForScheduled(_ waiter: Waiter, id: String, timeoutMs: Int) -> Cancellable? {
-        let registered: Bool = queue.sync {
-            if shuttingDown {
-                waiter.fire(runs[id].map(shownRecord) ?? (try? storedJob(id: id)) ?? nil)
-                return false
+    /// cancelled), or after `timeoutMs`. On a read queue.
+    func waitForScheduled(_ waiter: Waiter, id: String, timeoutMs: Int) {
+        queue.async {
+            if self.shuttingDown || self.runs[id].map({ waiter.isSatisfied(by: $0.record) }) == true {
+                let live = self.runs[id].map(self.shownRecord)
+                self.onReadQueue { waiter.fire(live ?? (try? self.storedJob(id: id)) ?? nil) }
+                return
             }
-            if let run = runs[id], waiter.isSatisfied(by: run.record) {
-                waiter.fire(shownRecord(run))
-                return false
-            }
-            waiters[id, default: []].append(waiter)
-            waiter.engine = self
-            waiter.jobID = id
-            return true
+            self.waiters[id, default: []].append(waiter)
+            self.armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
         }
-        guard registered else { return nil }
-        armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
-        return waiter
     }
 
     // MARK: - Retry

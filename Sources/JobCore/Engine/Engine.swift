@@ -609,52 +609,51 @@ public final class Engine: @unchecked Sendable {
 
     /// Calls back once: as soon as the job's version exceeds `afterVersion` (without it: as soon as the job is
     /// settled), or after `timeoutMs` with the job as it is; with `nil` if there is no such job. Holds no thread
-    /// while it waits.
-    /// - Returns: a token to stop waiting (the client went away); `nil` when the callback already ran.
+    /// while it waits, and never waits on the caller's: the job is looked at on `queue`, read from the store and
+    /// its answer made on a read queue.
+    /// - Returns: a token to stop waiting (the client went away); cancelling it after the callback ran does nothing.
+    @discardableResult
     public func waitForChange(
         id: String, afterVersion: Int64?, timeoutMs: Int, _ callback: @escaping @Sendable (JobRecord?) -> Void
-    ) -> Cancellable? {
-        let waiter = Waiter(afterVersion: afterVersion, callback: callback)
-        enum Registration { case waiting, answered(JobRecord), notRunning(shuttingDown: Bool) }
-        let registration: Registration = queue.sync {
-            guard let run = runs[id] else { return .notRunning(shuttingDown: shuttingDown) }
-            if waiter.isSatisfied(by: run.record) || shuttingDown || timeoutMs <= 0 {
-                return .answered(shownRecord(run))
-            }
-            waiters[id, default: []].append(waiter)
-            waiter.engine = self
-            waiter.jobID = id
-            return .waiting
+    ) -> Cancellable {
+        let waiter = Waiter(afterVersion: afterVersion, engine: self, jobID: id, callback: callback)
+        queue.async { self.register(waiter, timeoutMs: timeoutMs) }
+        return waiter
+    }
+
+    /// Answers `waiter` at once from the run in memory, or keeps it until the run changes; a job not in memory is
+    /// looked up in the store. On the queue.
+    private func register(_ waiter: Waiter, timeoutMs: Int) {
+        guard !waiter.done else { return }  // cancelled before it got here
+        let id = waiter.jobID
+        guard let run = runs[id] else {
+            let shuttingDown = self.shuttingDown
+            onReadQueue { self.waitForStored(waiter, timeoutMs: timeoutMs, shuttingDown: shuttingDown) }
+            return
         }
-        switch registration {
-        case .answered(let job):
-            // Made off the queue, which runs every job.
-            waiter.fire(job)
-            return nil
-        case .waiting:
-            armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
-            return waiter
-        case .notRunning(let shuttingDown):
-            // Not running: a settled job changes no more, except by being deleted.
-            guard let job = (try? storedJob(id: id)) ?? nil else {
-                waiter.fire(nil)
-                return nil
-            }
-            if waiter.isSatisfied(by: job) || timeoutMs <= 0 || shuttingDown {
-                waiter.fire(job)
-                return nil
-            }
-            // A job waiting in the store for its time is answered as soon as it changes, as a running one is.
-            if job.dueAt != nil { return waitForScheduled(waiter, id: id, timeoutMs: timeoutMs) }
-            // Another server runs it: its changes are announced (API.md §10).
-            if shared != nil { waitRemotely(waiter, id: id) }
-            let timer = DispatchWorkItem { [weak self, waiter] in
-                waiter.fire((try? self?.storedJob(id: id)) ?? nil)
-            }
-            if waiter.arm(timer) {
-                DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer)
-            }
-            return waiter
+        if waiter.isSatisfied(by: run.record) || shuttingDown || timeoutMs <= 0 {
+            let record = shownRecord(run)
+            onReadQueue { waiter.fire(record) }
+            return
+        }
+        waiters[id, default: []].append(waiter)
+        armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
+    }
+
+    /// A job that is not running here: a settled job changes no more, except by being deleted. On a read queue.
+    private func waitForStored(_ waiter: Waiter, timeoutMs: Int, shuttingDown: Bool) {
+        let id = waiter.jobID
+        guard let job = (try? storedJob(id: id)) ?? nil else { return waiter.fire(nil) }
+        if waiter.isSatisfied(by: job) || timeoutMs <= 0 || shuttingDown { return waiter.fire(job) }
+        // A job waiting in the store for its time is answered as soon as it changes, as a running one is.
+        if job.dueAt != nil { return waitForScheduled(waiter, id: id, timeoutMs: timeoutMs) }
+        // Another server runs it: its changes are announced (API.md §10).
+        if shared != nil { waitRemotely(waiter, id: id) }
+        let timer = DispatchWorkItem { [weak self, waiter] in
+            waiter.fire((try? self?.storedJob(id: id)) ?? nil)
+        }
+        if waiter.arm(timer) {
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer)
         }
     }
 
@@ -669,7 +668,9 @@ public final class Engine: @unchecked Sendable {
         let timer = DispatchWorkItem { [weak self, waiter] in
             guard let self, !waiter.done else { return }
             self.dropWaiter(waiter, jobID: id)
-            waiter.fire(self.runs[id].map(self.shownRecord) ?? (try? self.storedJob(id: id)) ?? nil)
+            // Read and made off the queue, as any answer.
+            let live = self.runs[id].map(self.shownRecord)
+            self.onReadQueue { waiter.fire(live ?? (try? self.storedJob(id: id)) ?? nil) }
         }
         if waiter.arm(timer) { queue.asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer) }
     }
@@ -982,18 +983,20 @@ public final class Engine: @unchecked Sendable {
 
 /// One long-poll waiting for a job to change.
 final class Waiter: Cancellable, @unchecked Sendable {
-    // @unchecked: `callback` and `timer` are guarded by `lock`; `engine` and `jobID` are set on the engine's queue
-    // inside the `queue.sync` that registers the waiter, before the waiter is returned to anyone who can `cancel` it.
+    // @unchecked: `callback` and `timer` are guarded by `lock`; `engine` is set in `init` and never after, so it is
+    // only read once the waiter is shared.
     let afterVersion: Int64?
+    let jobID: String
     private let lock = Lock()
     // Both guarded by `lock`; the timer's block holds the waiter, so it is let go once the waiter is done.
     private var callback: (@Sendable (JobRecord?) -> Void)?
     private var timer: DispatchWorkItem?
-    weak var engine: Engine?
-    var jobID = ""
+    private weak var engine: Engine?
 
-    init(afterVersion: Int64?, callback: @escaping @Sendable (JobRecord?) -> Void) {
+    init(afterVersion: Int64?, engine: Engine, jobID: String, callback: @escaping @Sendable (JobRecord?) -> Void) {
         self.afterVersion = afterVersion
+        self.engine = engine
+        self.jobID = jobID
         self.callback = callback
     }
 
