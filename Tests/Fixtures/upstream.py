@@ -325,7 +325,9 @@ class Handler(BaseHTTPRequestHandler):
                 with open(table) as f:
                     for line in f.readlines()[1:]:
                         fields = line.split()
-                        if fields[1].endswith(want) and fields[2].endswith(other):
+                        # An older connection between the same two ports may linger in TIME_WAIT, owned by no
+                        # process (inode 0): it is not this one.
+                        if fields[1].endswith(want) and fields[2].endswith(other) and fields[9] != "0":
                             inode = fields[9]
                             break
                 if inode:
