@@ -280,9 +280,7 @@ extension Engine {
     func waitForScheduled(_ waiter: Waiter, id: String, timeoutMs: Int) {
         queue.async {
             if self.shuttingDown || self.runs[id].map({ waiter.isSatisfied(by: $0.record) }) == true {
-                let live = self.runs[id].map(self.shownRecord)
-                self.onReadQueue { waiter.fire(live ?? (try? self.storedJob(id: id)) ?? nil) }
-                return
+                return self.answer([waiter], live: self.runs[id].map(self.shownRecord), jobID: id)
             }
             self.waiters[id, default: []].append(waiter)
             self.armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)

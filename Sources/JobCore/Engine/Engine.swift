@@ -632,9 +632,7 @@ public final class Engine: @unchecked Sendable {
             return
         }
         if waiter.isSatisfied(by: run.record) || shuttingDown || timeoutMs <= 0 {
-            let record = shownRecord(run)
-            onReadQueue { waiter.fire(record) }
-            return
+            return answer([waiter], live: shownRecord(run), jobID: id)
         }
         waiters[id, default: []].append(waiter)
         armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
@@ -668,11 +666,19 @@ public final class Engine: @unchecked Sendable {
         let timer = DispatchWorkItem { [weak self, waiter] in
             guard let self, !waiter.done else { return }
             self.dropWaiter(waiter, jobID: id)
-            // Read and made off the queue, as any answer.
-            let live = self.runs[id].map(self.shownRecord)
-            self.onReadQueue { waiter.fire(live ?? (try? self.storedJob(id: id)) ?? nil) }
+            self.answer([waiter], live: self.runs[id].map(self.shownRecord), jobID: id)
         }
         if waiter.arm(timer) { queue.asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer) }
+    }
+
+    /// Answers `waiters` with the job as it is now: `live`, its record in memory as taken on the queue, else the
+    /// stored one. The store is read and the answers made on a read queue: a job of many results takes long to
+    /// show, and the queue runs every job.
+    func answer(_ waiters: [Waiter], live: JobRecord?, jobID id: String) {
+        onReadQueue {
+            let job = live ?? (try? self.storedJob(id: id)) ?? nil
+            for waiter in waiters { waiter.fire(job) }
+        }
     }
 
     fileprivate func removeWaiter(_ waiter: Waiter, jobID: String) {
@@ -877,13 +883,7 @@ public final class Engine: @unchecked Sendable {
         for waiter in list {
             if waiter.isSatisfied(by: run.record) { satisfied.append(waiter) } else { remaining.append(waiter) }
         }
-        if !satisfied.isEmpty {
-            // Answered on a read queue: the answer of a job of many results takes long to make, and the queue
-            // runs every job.
-            let record = shownRecord(run)
-            let answered = satisfied
-            onReadQueue { for waiter in answered { waiter.fire(record) } }
-        }
+        if !satisfied.isEmpty { answer(satisfied, live: shownRecord(run), jobID: run.id) }
         waiters[run.id] = remaining.isEmpty ? nil : remaining
     }
 
