@@ -211,14 +211,12 @@ struct JobServerProcess {
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
         try process.run()
-        let deadline = Date().addingTimeInterval(15)
-        while Date() < deadline {
-            if let health = try? Curl.json("GET", "http://127.0.0.1:\(port)/healthz"), health.status == 200 {
-                return JobServerProcess(process: process, port: port)
-            }
-            if !process.isRunning { break }
-            Thread.sleep(forTimeInterval: 0.05)
+        var healthy = false
+        _ = TestSupport.eventually(15) {
+            healthy = (try? Curl.json("GET", "http://127.0.0.1:\(port)/healthz"))?.status == 200
+            return healthy || !process.isRunning
         }
+        if healthy { return JobServerProcess(process: process, port: port) }
         process.terminate()
         throw UpstreamError("jobserver did not answer /healthz on port \(port)")
     }
