@@ -123,6 +123,49 @@ TOKENS = {}
 TOKENS_LOCK = threading.Lock()
 
 
+def peer_socket_inode(connection):
+    """The inode of the local socket at the other end of a loopback TCP connection, or None. Asked of the kernel
+    by its exact addresses (sock_diag netlink), which is one atomic answer: reading /proc/net/tcp instead walks a
+    table that changes under the reader, and an entry can be skipped while other connections open and close."""
+    family = connection.family
+    peer, own = connection.getpeername(), connection.getsockname()
+    def address(host):
+        packed = socket.inet_pton(family, host)
+        return packed + bytes(16 - len(packed))
+    # inet_diag_req_v2 for the peer's socket: source = the peer, destination = this end, no cookie.
+    sockid = struct.pack("!HH", peer[1], own[1]) + address(peer[0]) + address(own[0]) + struct.pack("=III", 0, 0xFFFFFFFF, 0xFFFFFFFF)
+    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, NLMSG_ERROR = 20, 1, 2
+    message = struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + request
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 4) as diag:  # NETLINK_SOCK_DIAG
+            diag.settimeout(2)
+            diag.sendto(message, (0, 0))
+            answer = diag.recv(65536)
+    except OSError:
+        return proc_table_inode(peer, own)
+    length, kind = struct.unpack_from("=IH", answer, 0)
+    if kind == NLMSG_ERROR or length < 16 + 72:
+        return None
+    # inet_diag_msg: family, state, timer, retrans (4 bytes), sockid (48), expires, rqueue, wqueue, uid, inode.
+    inode = struct.unpack_from("=I", answer, 16 + 4 + 48 + 16)[0]
+    return inode or None
+
+
+def proc_table_inode(peer, own):
+    """The same from /proc/net/tcp, where netlink is not allowed."""
+    want, other = ":%04X" % peer[1], ":%04X" % own[1]
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                # An older connection between the same two ports may linger in TIME_WAIT, owned by no process
+                # (inode 0): it is not this one.
+                if fields[1].endswith(want) and fields[2].endswith(other) and fields[9] != "0":
+                    return int(fields[9])
+    return None
+
+
 class Stats:
     """Counters shared by all handler threads, guarded by one lock."""
 
@@ -309,31 +352,16 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def client_pid(self, name):
-        """The pid of the local process named name… whose socket is this connection's other end (Linux /proc), or
-        None; looked up once per connection (again while it is not found), among the processes of that name only (scanning every process's
-        descriptors takes seconds on a busy machine)."""
+        """The pid of the local process named name… whose socket is this connection's other end, or None; looked up
+        once per connection (again while it is not found), among the processes of that name only (scanning every
+        process's descriptors takes seconds on a busy machine)."""
         if getattr(self, "_client_pid", None) is not None:
             return self._client_pid
         self._client_pid = None
         try:
-            peer_port = self.connection.getpeername()[1]
-            own_port = self.connection.getsockname()[1]
-            want = ":%04X" % peer_port
-            other = ":%04X" % own_port
-            inode = None
-            for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-                with open(table) as f:
-                    for line in f.readlines()[1:]:
-                        fields = line.split()
-                        # An older connection between the same two ports may linger in TIME_WAIT, owned by no
-                        # process (inode 0): it is not this one.
-                        if fields[1].endswith(want) and fields[2].endswith(other) and fields[9] != "0":
-                            inode = fields[9]
-                            break
-                if inode:
-                    break
+            inode = peer_socket_inode(self.connection)
             if inode:
-                target = "socket:[%s]" % inode
+                target = "socket:[%d]" % inode
                 for pid in os.listdir("/proc"):
                     if not pid.isdigit():
                         continue
