@@ -30,9 +30,30 @@ final class FetchQueueTests: XCTestCase {
         for n in 0..<5 { queue.enqueue(ticket("a", n), host: "h") }
         for n in 0..<3 { queue.enqueue(ticket("b", n), host: "h") }
         XCTAssertEqual(queue.waiting, 8)
-        XCTAssertEqual(serve(&queue), ["a.0", "b.0", "a.1", "b.1", "a.2", "b.2", "a.3", "a.4"])
+        XCTAssertEqual(serve(&queue), ["a.0", "a.1", "b.0", "b.1", "a.2", "a.3", "b.2", "a.4"], "two a turn: the host's slots")
         XCTAssertEqual(queue.waiting, 0)
         XCTAssertEqual(queue.inFlight, 0)
+    }
+
+    func testASmallJobGoesOutWholeAndALargeOnePassesItsTurn() {
+        var queue = FetchQueue(maxTotal: 100, maxPerHost: 4)
+        for n in 0..<10 { queue.enqueue(ticket("big", n), host: "h") }
+        for job in ["s1", "s2"] { for n in 0..<3 { queue.enqueue(ticket(job, n), host: "h") } }
+        XCTAssertEqual(
+            serve(&queue),
+            ["big.0", "big.1", "big.2", "big.3", "s1.0", "s1.1", "s1.2", "s2.0", "s2.1", "s2.2",
+             "big.4", "big.5", "big.6", "big.7", "big.8", "big.9"])
+    }
+
+    func testAJobDroppedInItsTurnLeavesTheNextAWholeTurn() {
+        var queue = FetchQueue(maxTotal: 100, maxPerHost: 3)
+        // 64 one-fetch jobs, emptied without a compaction; dropping the job in its turn makes the 65th empty place.
+        for job in 0..<64 { queue.enqueue(ticket("e\(job)", 0), host: "h") }
+        for n in 0..<10 { queue.enqueue(ticket("big", n), host: "h") }
+        for job in 0..<10 { for n in 0..<4 { queue.enqueue(ticket("f\(job)", n), host: "h") } }
+        XCTAssertEqual(serve(&queue, count: 66).suffix(2), ["big.0", "big.1"])
+        queue.removeJob("big")
+        XCTAssertEqual(serve(&queue, count: 4), ["f0.0", "f0.1", "f0.2", "f1.0"])
     }
 
     func testThousandsOfJobsComingAndGoingKeepTheirTurns() {

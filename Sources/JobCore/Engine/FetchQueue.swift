@@ -5,6 +5,11 @@
 /// transfer costs a curl handle). Waiting fetches are grouped by host, and
 /// within a host in lanes, one per job, served round-robin, so that one job's
 /// fan-out of 10,000 calls neither floods an upstream nor starves other jobs.
+/// A job's turn is as many fetches as the host has slots (or as it has
+/// waiting, if fewer): one fetch a turn would have every job of a backlog
+/// advance together and none finish until all were nearly done, while a turn
+/// of a slot-full lets a small job go out whole and a large one take the host
+/// only until the jobs behind it have had theirs.
 /// Every limit is a host's (its slots, its rate), so finding the next fetch
 /// looks at each waiting host once, however many jobs wait on it. Owned by the
 /// engine's queue; not thread-safe.
@@ -33,7 +38,7 @@ struct FetchQueue {
         }
     }
 
-    /// The fetches waiting for one host: a lane per job, taken in turn, one fetch a turn.
+    /// The fetches waiting for one host: a lane per job, taken in turn, up to `quantum` fetches a turn.
     ///
     /// A job whose lane empties keeps its (empty) lane and its place in the ring until empty places are half the
     /// ring, which is then compacted in one pass: taking one out in place would move the whole ring each time, and
@@ -42,6 +47,8 @@ struct FetchQueue {
         var lanes: [String: Lane] = [:]
         var ring: [String] = []
         var cursor = 0
+        /// Fetches the job at `cursor` has taken in its current turn.
+        var turnTaken = 0
         var emptyLanes = 0
         var waiting = 0
         /// Since when (monotonic ns) the host's next fetch could start but for its rate.
@@ -57,19 +64,29 @@ struct FetchQueue {
             waiting += 1
         }
 
-        /// The next job's oldest fetch; the job's turn passes to the next job.
-        mutating func pop() -> Ticket? {
+        /// The oldest fetch of the job whose turn it is; the turn passes to the next job after `quantum` fetches,
+        /// or when the job has none left.
+        mutating func pop(quantum: Int) -> Ticket? {
             guard waiting > 0 else { return nil }
             for _ in 0...ring.count {
                 if cursor >= ring.count { cursor = 0 }
                 let job = ring[cursor]
-                cursor += 1
-                guard let ticket = lanes[job]?.pop() else { continue }
+                guard let ticket = lanes[job]?.pop() else {
+                    cursor += 1
+                    turnTaken = 0
+                    continue
+                }
                 waiting -= 1
+                turnTaken += 1
                 if lanes[job]?.isEmpty ?? true {
                     lanes[job] = Lane()
                     emptyLanes += 1
+                    cursor += 1
+                    turnTaken = 0
                     compactIfSparse()
+                } else if turnTaken >= quantum {
+                    cursor += 1
+                    turnTaken = 0
                 }
                 return ticket
             }
@@ -84,6 +101,8 @@ struct FetchQueue {
             for (k, job) in ring.enumerated() {
                 guard let lane = lanes[job], !lane.isEmpty else {
                     lanes[job] = nil
+                    // The job in its turn is gone: the next one's turn begins.
+                    if k == cursor { turnTaken = 0 }
                     continue
                 }
                 if k < cursor { keptBeforeCursor += 1 }
@@ -172,7 +191,7 @@ struct FetchQueue {
                 rateLimitedStarts += 1
                 hosts[host]?.rateBlockedSinceNs = nil
             }
-            guard let ticket = hosts[host]?.pop() else { continue }
+            guard let ticket = hosts[host]?.pop(quantum: maxPerHost) else { continue }
             waiting -= 1
             inFlight += 1
             hostInFlight[host, default: 0] += 1
