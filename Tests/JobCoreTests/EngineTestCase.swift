@@ -123,11 +123,13 @@ class EngineTestCase: XCTestCase {
     }
 
     func makeEngine(
-        dbName: String = "jobs.sqlite", configure: (inout EngineConfiguration) -> Void = { _ in }
+        dbName: String = "jobs.sqlite", configure: (inout EngineConfiguration) -> Void = { _ in },
+        fetcher configureFetcher: (inout FetcherConfiguration) -> Void = { _ in }
     ) throws -> Engine {
         let store = try makeStore(dbName: dbName)
         var fetcherConfig = FetcherConfiguration()
         fetcherConfig.denyCIDRs = []
+        configureFetcher(&fetcherConfig)
         let fetcher = try Fetcher(configuration: fetcherConfig)
         var config = EngineConfiguration()
         configure(&config)

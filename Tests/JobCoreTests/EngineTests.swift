@@ -182,6 +182,33 @@ class EngineTests: EngineTestCase {
         XCTAssertLessThanOrEqual(maxActive, 3)
     }
 
+    func testAHostIsHandedTwiceItsSlotsAndTheFetcherRunsNoMoreThanTheSlots() throws {
+        let engine = try makeEngine(configure: { $0.maxPerHost = 3 }, fetcher: { $0.maxPerHost = 3 })
+        let children = (0..<8).map { _ in #"{"type":"fetch","url":\#(u("/delay/300"))}"# }.joined(separator: ",")
+        let a = try submit(engine, #"{"graph":{"type":"list","children":[\#(children)]}}"#)
+        let b = try submit(engine, #"{"graph":{"type":"list","children":[\#(children)]}}"#)
+        let running = { () throws -> Int in
+            try [a, b].reduce(0) { n, job in
+                let fetches = (try engine.nodes(jobID: job.id, includeResults: false) ?? []).filter { $0.id != "root" }
+                return n + fetches.filter { $0.state == .running }.count
+            }
+        }
+        // Six handed over: three on the wire, three held by libcurl until a connection is free. With servers
+        // sharing a database, whose slots are taken in the store, three only.
+        var most = 0
+        XCTAssertTrue(
+            try TestSupport.eventually(30) {
+                most = max(most, try running())
+                return try [a, b].allSatisfy { try engine.job(id: $0.id)?.state.isSettled == true }
+            })
+        XCTAssertEqual(most, Self.usesPostgres ? 3 : 6)
+        XCTAssertEqual(try settled(engine, a.id).state, .succeeded)
+        XCTAssertEqual(try settled(engine, b.id).state, .succeeded)
+        let stats = try upstream.stats()
+        XCTAssertEqual(stats["max_active"]?.intValue, 3)
+        XCTAssertEqual(stats["requests"]?.intValue, 16)
+    }
+
     // MARK: - Sequences
 
     func testSequenceSucceedsWithTheArrayInOrder() throws {

@@ -88,6 +88,46 @@ final class FetchQueueTests: XCTestCase {
         XCTAssertEqual(queue.waiting, 47)
     }
 
+    func testAPlainHTTPHostIsHandedTwiceItsSlots() {
+        var queue = FetchQueue(maxTotal: 100, maxPerHost: 2, heldInFetcher: 2)
+        queue.rateLimiter = HostRateLimiter([HostRate(host: "limited", perSecond: 1e9)])
+        for n in 0..<6 {
+            queue.enqueue(ticket("a", n), host: "http://h")
+            queue.enqueue(ticket("b", n), host: "https://t")
+            queue.enqueue(ticket("c", n), host: "http://limited")
+        }
+        let taken = drain(&queue)
+        XCTAssertEqual(taken.filter { $0.hasSuffix("@http://h") }.count, 4, "two slots and two held by the fetcher")
+        XCTAssertEqual(taken.filter { $0.hasSuffix("@https://t") }.count, 2, "over TLS, HTTP/2 runs all it is handed")
+        XCTAssertEqual(taken.filter { $0.hasSuffix("@http://limited") }.count, 2, "a host with a rate: its slots only")
+        XCTAssertEqual(queue.heldBeyondSlots, 2)
+        queue.finished(host: "http://h")
+        XCTAssertEqual(queue.heldBeyondSlots, 1, "a held fetch runs in the freed slot")
+        XCTAssertEqual(queue.next()?.1, "http://h", "and the host may be handed one more")
+    }
+
+    func testTheTotalCountsOnlyTheFetchesThatRun() {
+        var queue = FetchQueue(maxTotal: 3, maxPerHost: 2, heldInFetcher: 2)
+        for n in 0..<10 { queue.enqueue(ticket("a", n), host: "http://h") }
+        XCTAssertEqual(drain(&queue).count, 4)
+        XCTAssertEqual(queue.heldBeyondSlots, 2)
+        queue.enqueue(ticket("g", 0), host: "http://g")
+        queue.enqueue(ticket("g", 1), host: "http://g")
+        XCTAssertEqual(drain(&queue), ["g.0@http://g"], "three run: the total")
+        queue.finished(host: "http://h")
+        XCTAssertNil(queue.next(), "a held fetch runs in the freed slot, so the total is still full")
+        queue.finished(host: "http://g")
+        XCTAssertEqual(drain(&queue).sorted(), ["a.4@http://h", "g.1@http://g"])
+        XCTAssertEqual(queue.inFlight - queue.heldBeyondSlots, 3)
+    }
+
+    func testWithoutHoldingAHostIsHandedItsSlotsOnly() {
+        var queue = FetchQueue(maxTotal: 100, maxPerHost: 2)
+        for n in 0..<6 { queue.enqueue(ticket("a", n), host: "http://h") }
+        XCTAssertEqual(drain(&queue).count, 2)
+        XCTAssertEqual(queue.heldBeyondSlots, 0)
+    }
+
     func testTheTotalLimitHolds() {
         var queue = FetchQueue(maxTotal: 3, maxPerHost: 10)
         for n in 0..<5 { queue.enqueue(ticket("a", n), host: "h\(n)") }

@@ -106,8 +106,13 @@ public final class Engine: @unchecked Sendable {
         self.responseMemory =
             configuration.maxResponseMemory > 0 ? ByteBudget(limit: configuration.maxResponseMemory, scope: .server) : nil
         self.scheduler = DispatchQueueScheduler(queue: queue)
-        self.fetchQueue = FetchQueue(maxTotal: configuration.maxConcurrentFetches, maxPerHost: configuration.maxPerHost)
         self.shared = store as? SharedJobStore
+        // Holding fetches beyond a host's slots is left to the fetcher only where its own limit is as tight, and
+        // not when servers share the slots (each is taken in the store before the fetch is handed over).
+        let fetcherHolds = fetcher.plainHTTPTransfersPerHost.map { $0 <= configuration.maxPerHost } ?? false
+        self.fetchQueue = FetchQueue(
+            maxTotal: configuration.maxConcurrentFetches, maxPerHost: configuration.maxPerHost,
+            heldInFetcher: fetcherHolds && shared == nil ? configuration.maxPerHost : 0)
         timekeeper.engine = self
         self.fetchQueue.rateLimiter = HostRateLimiter(configuration.hostRates)
         self.fetchQueue.rateLimiter.booksInStore = store is SharedHostRates
@@ -499,8 +504,9 @@ public final class Engine: @unchecked Sendable {
                 m.nodesByState[state] = self.nodesByState[state] ?? 0
             }
             m.activeJobs = self.unsettledJobs
-            m.pendingFetches = self.fetchQueue.waiting
-            m.fetchesInFlight = self.fetchQueue.inFlight
+            // Fetches the fetcher holds beyond their host's slots wait for a slot there, not on the wire.
+            m.pendingFetches = self.fetchQueue.waiting + self.fetchQueue.heldBeyondSlots
+            m.fetchesInFlight = self.fetchQueue.inFlight - self.fetchQueue.heldBeyondSlots
             m.jobLoadFailures = self.jobLoadFailures
             // Summed over the jobs being waited on, not over every job.
             m.longPollsWaiting = self.waiters.values.reduce(0) { $0 + $1.count }

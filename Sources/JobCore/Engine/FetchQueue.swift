@@ -53,6 +53,8 @@ struct FetchQueue {
         var waiting = 0
         /// Since when (monotonic ns) the host's next fetch could start but for its rate.
         var rateBlockedSinceNs: UInt64?
+        /// Whether the fetcher holds this host's fetches beyond its slots (`heldInFetcher`).
+        var heldInFetcher = false
 
         mutating func append(_ ticket: Ticket) {
             if let lane = lanes[ticket.jobID] {
@@ -126,6 +128,14 @@ struct FetchQueue {
 
     let maxTotal: Int
     let maxPerHost: Int
+    /// How many fetches a plain-HTTP host without a rate may be handed beyond its slots (0: none). The fetcher
+    /// holds them (`Fetcher.plainHTTPTransfersPerHost`) and starts one the moment a transfer to the host ends, in
+    /// its own loop, instead of the engine's queue giving the freed slot out a hop later: with every slot of a
+    /// host busy, that hop is what bounds its rate. Such a fetch is running from the moment it is handed over.
+    let heldInFetcher: Int
+    /// Of `inFlight`, the fetches handed over beyond their host's slots: the transfers that may run at once are
+    /// the rest, which `maxTotal` bounds.
+    private(set) var heldBeyondSlots = 0
     /// Hosts with fetches waiting, and the order they are served in.
     private var hosts: [String: HostLanes] = [:]
     private var hostRing: [String] = []
@@ -148,21 +158,28 @@ struct FetchQueue {
         rateLimitedStarts += 1
     }
 
-    init(maxTotal: Int, maxPerHost: Int) {
+    init(maxTotal: Int, maxPerHost: Int, heldInFetcher: Int = 0) {
         self.maxTotal = max(1, maxTotal)
         self.maxPerHost = max(1, maxPerHost)
+        self.heldInFetcher = max(0, heldInFetcher)
     }
 
     mutating func enqueue(_ ticket: Ticket, host: String) {
-        if hosts[host] == nil { hostRing.append(host) }
-        hosts[host, default: HostLanes()].append(ticket)
+        if hosts[host] == nil {
+            hostRing.append(host)
+            var lanes = HostLanes()
+            // A rate counts starts when they are handed over, so a host with one is never handed more than its slots.
+            lanes.heldInFetcher = heldInFetcher > 0 && host.hasPrefix("http://") && rateLimiter.perSecond(hostKey: host) == nil
+            hosts[host] = lanes
+        }
+        hosts[host]?.append(ticket)
         waiting += 1
     }
 
     /// The next ticket that may start now, with its host; its slot is taken.
     mutating func next() -> (Ticket, String)? {
         rateDueNs = nil
-        guard inFlight < maxTotal, !hostRing.isEmpty else { return nil }
+        guard inFlight - heldBeyondSlots < maxTotal, !hostRing.isEmpty else { return nil }
         let now: UInt64 = rateLimiter.isEmpty || rateLimiter.booksInStore ? 0 : HostRateLimiter.nowNs()
         var tried = 0
         while tried < hostRing.count {
@@ -174,7 +191,9 @@ struct FetchQueue {
                 hostRing.remove(at: cursor)
                 continue
             }
-            guard hostInFlight[host, default: 0] < maxPerHost else {
+            let inFlightHere = hostInFlight[host, default: 0]
+            let beyondSlots = inFlightHere >= maxPerHost
+            guard !beyondSlots || (inFlightHere < maxPerHost + heldInFetcher && hosts[host]?.heldInFetcher == true) else {
                 cursor += 1
                 tried += 1
                 continue
@@ -194,7 +213,8 @@ struct FetchQueue {
             guard let ticket = hosts[host]?.pop(quantum: maxPerHost) else { continue }
             waiting -= 1
             inFlight += 1
-            hostInFlight[host, default: 0] += 1
+            hostInFlight[host] = inFlightHere + 1
+            if beyondSlots { heldBeyondSlots += 1 }
             if hosts[host]?.waiting == 0 {
                 hosts[host] = nil
                 hostRing.remove(at: cursor)
@@ -211,6 +231,7 @@ struct FetchQueue {
         inFlight -= 1
         let n = hostInFlight[host, default: 1] - 1
         hostInFlight[host] = n > 0 ? n : nil
+        if n >= maxPerHost { heldBeyondSlots -= 1 }
     }
 
     /// Drops every waiting ticket of a job.

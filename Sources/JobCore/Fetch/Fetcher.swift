@@ -97,6 +97,13 @@ public final class Fetcher: @unchecked Sendable {
     /// Transfers started and not yet completed (backoff waits included).
     public var inFlight: Int { loop.inFlight }
 
+    /// The most transfers to one plain-HTTP (`http://`) host that run at once, however many are started: libcurl
+    /// opens at most `maxPerHost` connections to a host, HTTP/1.1 carries one transfer on each, and a transfer
+    /// beyond them waits in libcurl until one is free, then starts in the same turn of the fetcher's loop. `nil`
+    /// with a proxy, whose connections are the ones counted. Over TLS, HTTP/2 carries many transfers on one
+    /// connection, so there the count of connections bounds nothing.
+    public var plainHTTPTransfersPerHost: Int? { loop.plainHTTPTransfersPerHost }
+
     /// A snapshot of the counters.
     public var stats: FetcherStats { loop.stats }
 
@@ -454,6 +461,7 @@ final class FetchLoop: @unchecked Sendable {
 
     var inFlight: Int { mutex.withLock { counters.inFlight } }
     var stats: FetcherStats { mutex.withLock { counters } }
+    var plainHTTPTransfersPerHost: Int? { (configuration.proxy ?? "").isEmpty ? configuration.maxPerHost : nil }
 
     func start(
         _ request: FetchRequest, timeoutMs: Int?, budget: ByteBudget?, onAttempt: (@Sendable (Int) -> Void)?,
