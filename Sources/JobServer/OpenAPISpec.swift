@@ -140,7 +140,9 @@ paths:
         (`--max-active-jobs`), the answer is `429 too_many_jobs` with
         `Retry-After`, given before the body is parsed when it cannot hold a
         `not_before` (so a flood of submissions is refused cheaply, whatever
-        their bodies); when the job store cannot write (disk full), it is
+        their bodies), and sent 50 ms after the request (so a client that
+        submits again at once, whatever `Retry-After` says, is slowed to one
+        refusal per connection every 50 ms); when the job store cannot write (disk full), it is
         `503 storage_unavailable` with `Retry-After`. Neither bad input nor a
         refused submission leaves a half-written job.
 

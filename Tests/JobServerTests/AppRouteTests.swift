@@ -139,7 +139,12 @@ class AppRouteTests: XCTestCase {
     func testFullQueueIs429WithRetryAfter() throws {
         try restart { $0.maxActiveJobs = 1 }
         _ = harness.submit(fetchJob(upstream.url("/hang")))
+        let asked = DispatchTime.now()
         let answer = harness.call(.submitJob, body: fetchJob(upstream.url("/hang")))
+        // Held before it is sent, so a client that submits again at once cannot flood the server with refusals.
+        // (A lower bound only: a slow machine can only make it longer.)
+        let heldMs = Double(DispatchTime.now().uptimeNanoseconds - asked.uptimeNanoseconds) / 1e6
+        XCTAssertGreaterThanOrEqual(heldMs, Double(App.fullRefusalDelayMs))
         XCTAssertEqual(answer.status, 429, answer.text)
         XCTAssertEqual(answer.errorCode, "too_many_jobs")
         XCTAssertEqual(answer.headers["Retry-After"], "1")
