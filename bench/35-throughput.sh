@@ -98,8 +98,8 @@ nginx $(nginx_version) on 127.0.0.1. The server runs with default flags and log 
 (every submission committed with \`synchronous=FULL\` before its 201, state changes in batches, at most one commit of them alone every 10 ms, with
 \`synchronous=NORMAL\`), then, to show where the limit is, with \`$TUNED\`: all fetches go to one host, whose 16
 transfers at a time (the default) bound the rate (the server hands libcurl up to 32, and it starts each one held the
-moment a connection is free); and when submissions outrun the fetches, the backlog grows to 10,000 active jobs and
-the submissions refused with \`429\` that wrk then sends as fast as it can take CPU from the fetches. $RUNS runs each; median (min–max).
+moment a connection is free); and when submissions outrun the fetches, the backlog grows to 10,000 active jobs
+(\`--max-active-jobs\`) and wrk's further submissions are refused with \`429\`, each sent 50 ms after its request. $RUNS runs each; median (min–max).
 
 | figure | default flags | \`$TUNED\` |
 |---|---|---|
