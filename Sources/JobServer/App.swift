@@ -71,7 +71,7 @@ final class App: @unchecked Sendable {
     /// store's group commit that holds it, and concurrent submissions only share a commit if they wait at once.
     /// (A concurrent queue would run about one blocked submission per core.)
     private let diskQueues = (0..<32).map { DispatchQueue(label: "jobserver.disk.\($0)") }
-    /// Where refusals for a full queue wait out `fullRefusalDelay`.
+    /// Where refusals for a full queue wait out `fullRefusalDelayMs`.
     private let refusals = DispatchQueue(label: "jobserver.refusals")
     private let diskQueueTurn = Atomic<Int>(0)
     private let shutdownLock = Lock()

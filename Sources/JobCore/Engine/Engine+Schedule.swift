@@ -275,18 +275,6 @@ extension Engine {
         return cancelLive(job.id) ?? .failure(EngineError.storage("job \(job.id) could not be cancelled"))
     }
 
-    /// A long-poll on a job waiting in the store: it is answered when the job changes (once taken in, or
-    /// cancelled), or after `timeoutMs`. On a read queue.
-    func waitForScheduled(_ waiter: Waiter, id: String, timeoutMs: Int) {
-        queue.async {
-            if self.shuttingDown || self.runs[id].map({ waiter.isSatisfied(by: $0.record) }) == true {
-                return self.answer([waiter], live: self.runs[id].map(self.shownRecord), jobID: id)
-            }
-            self.waiters[id, default: []].append(waiter)
-            self.armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
-        }
-    }
-
     // MARK: - Retry
 
     /// Runs a failed or cancelled job again (API.md §8): its succeeded nodes keep their results, every other node

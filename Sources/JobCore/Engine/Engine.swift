@@ -628,17 +628,19 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Answers `waiter` at once from the run in memory, or keeps it until the run changes; a job not in memory is
-    /// looked up in the store. On the queue.
-    private func register(_ waiter: Waiter, timeoutMs: Int) {
+    /// looked up in the store, unless it is known to wait there for its time (`scheduled`): then the waiter is
+    /// kept until the job is taken in or cancelled. On the queue.
+    private func register(_ waiter: Waiter, timeoutMs: Int, scheduled: Bool = false) {
         guard !waiter.done else { return }  // cancelled before it got here
         let id = waiter.jobID
-        guard let run = runs[id] else {
+        let run = runs[id]
+        if run == nil, !scheduled {
             let shuttingDown = self.shuttingDown
             onReadQueue { self.waitForStored(waiter, timeoutMs: timeoutMs, shuttingDown: shuttingDown) }
             return
         }
-        if waiter.isSatisfied(by: run.record) || shuttingDown || timeoutMs <= 0 {
-            return answer([waiter], live: shownRecord(run), jobID: id)
+        if shuttingDown || timeoutMs <= 0 || run.map({ waiter.isSatisfied(by: $0.record) }) == true {
+            return answer([waiter], live: run.map(shownRecord), jobID: id)
         }
         waiters[id, default: []].append(waiter)
         armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
@@ -650,7 +652,7 @@ public final class Engine: @unchecked Sendable {
         guard let job = (try? storedJob(id: id)) ?? nil else { return waiter.fire(nil) }
         if waiter.isSatisfied(by: job) || timeoutMs <= 0 || shuttingDown { return waiter.fire(job) }
         // A job waiting in the store for its time is answered as soon as it changes, as a running one is.
-        if job.dueAt != nil { return waitForScheduled(waiter, id: id, timeoutMs: timeoutMs) }
+        if job.dueAt != nil { return queue.async { self.register(waiter, timeoutMs: timeoutMs, scheduled: true) } }
         // Another server runs it: its changes are announced (API.md §10).
         if shared != nil { waitRemotely(waiter, id: id) }
         let timer = DispatchWorkItem { [weak self, waiter] in
