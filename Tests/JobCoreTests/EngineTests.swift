@@ -523,11 +523,7 @@ class EngineTests: EngineTestCase {
     ) throws {
         let request = try JSONValue.parse(body)
         let spec = try JobSpec.parse(request)
-        var nodes = spec.graph.nodes.map { node in
-            NodeRecord(
-                jobID: id, id: node.id, parent: node.parent.map { spec.graph.nodes[$0].id }, position: node.index,
-                type: node.typeName)
-        }
+        var nodes = spec.graph.pendingNodeRecords(jobID: id)
         adjust(&nodes)
         var progress = Progress()
         for node in nodes {
@@ -631,6 +627,36 @@ class EngineTests: EngineTestCase {
             XCTAssertEqual(job.progress.pending, 0)
         }
         XCTAssertEqual(try engine.metricsNow.jobLoadFailures, 3)
+    }
+
+    func testAJobsNodeRowsFollowItsCommitAndAreMadeAgainWhenACrashLostThem() throws {
+        // A job that starts now is answered once its row is committed; its node rows follow in the next commit.
+        let engine = try makeEngine()
+        let hanging = #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))},{"type":"fetch","url":\#(u("/hang"))}]}}"#
+        let job = try submit(engine, hanging)
+        XCTAssertTrue(
+            try TestSupport.eventually {
+                try engine.store.nodes(jobID: job.id, includeResults: false).map(\.state) == [.running, .succeeded, .running]
+            }, "the stored nodes never showed the job running")
+        XCTAssertEqual(try cancel(engine, job.id).isAlreadyCancelled, false)
+        XCTAssertEqual(try engine.store.nodes(jobID: job.id, includeResults: false).map(\.state), [.cancelled, .succeeded, .cancelled])
+
+        // What a crash between the two commits leaves: the job's row without its nodes'. It runs as if just submitted.
+        let store = try makeStore(dbName: "rows.sqlite")
+        let body = #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))},{"type":"fetch","url":\#(u("/json"))}]}}"#
+        try storeJob(store, id: "a-rows-lost", body)
+        try storeJob(store, id: "b-rows-kept", body)
+        store.close()
+        try executeRaw("DELETE FROM nodes WHERE job_id = 'a-rows-lost'", dbName: "rows.sqlite")
+        let restarted = try makeEngine(dbName: "rows.sqlite")
+        for id in ["a-rows-lost", "b-rows-kept"] {
+            XCTAssertEqual(try settled(restarted, id).state, .succeeded, "job \(id)")
+            XCTAssertTrue(
+                try TestSupport.eventually {
+                    try restarted.store.nodes(jobID: id, includeResults: false).map(\.state) == [.succeeded, .succeeded, .succeeded]
+                }, "the stored nodes of \(id) never all succeeded")
+        }
+        XCTAssertEqual(try restarted.metricsNow.jobLoadFailures, 0)
     }
 
     // MARK: -

@@ -105,20 +105,30 @@ final class StoreFailurePolicyTests: StoreTestCase, @unchecked Sendable {  // @u
         var pending = PendingChanges()
         for n in 0..<50 {
             let (job, nodes) = makeJob(n, nodes: 1 + n % 7)
-            let bodies = nodes.dropFirst().map { BodyChange(jobID: job.id, nodeID: $0.id, body: StoredBody(contentType: nil, bytes: [1])) }
-            pending.merge(Changes(jobs: [job], nodes: nodes, bodies: bodies))
+            let bodies = nodes.dropFirst().map { (jobID: job.id, nodeID: $0.id, body: StoredBody(contentType: nil, bytes: [1])) }
+            // Every other job's node rows are not stored yet; a change queued after them changes the row to insert.
+            if n % 2 == 1 {
+                pending.merge(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: nodes))
+                pending.merge(Changes(jobs: [job], nodes: [nodes[0]], bodies: bodies))
+            } else {
+                pending.merge(Changes(jobs: [job], nodes: nodes, bodies: bodies))
+            }
         }
+        XCTAssertEqual(pending.unstored.count, (0..<50).filter { $0 % 2 == 1 }.map { 1 + $0 % 7 }.reduce(0, +))
         let parts = pending.split(maxRecords: 20)
+        XCTAssertEqual(parts.map(\.unstored.count).reduce(0, +), pending.unstored.count)
         XCTAssertGreaterThan(parts.count, 1)
         XCTAssertEqual(parts.map(\.count).reduce(0, +), pending.count)
         for part in parts {
             XCTAssertLessThanOrEqual(part.count, 20)
             for key in part.nodes.keys { XCTAssertNotNil(part.jobs[key.jobID], "node of \(key.jobID) apart from its job") }
             for key in part.bodies.keys { XCTAssertNotNil(part.jobs[key.jobID], "body of \(key.jobID) apart from its job") }
+            for key in part.unstored { XCTAssertNotNil(part.nodes[key], "unstored node of \(key.jobID) apart from its record") }
         }
         var rest = pending
         for part in parts { rest.remove(part) }
         XCTAssertTrue(rest.isEmpty)
+        XCTAssertTrue(rest.unstored.isEmpty)
     }
 
     func testReadsOutOfFileDescriptorsAreResourceFailures() throws {

@@ -224,10 +224,20 @@ public final class Engine: @unchecked Sendable {
         if stored.count > spec.graph.nodes.count {
             try MapExpansion.restore(store.mapExpansions(jobID: job.id), into: &spec.graph)
         }
-        guard spec.graph.nodes.count == stored.count else {
-            throw EngineError.invalidStoredJob("the graph has \(spec.graph.nodes.count) nodes, the store \(stored.count)")
+        var nodes: [NodeRecord]
+        if stored.isEmpty {
+            // Created, but stopped before its node rows followed (`SQLiteJobStore.createJob`): nothing of it ran.
+            nodes = spec.graph.pendingNodeRecords(jobID: job.id)
+            store.enqueue(unstoredNodes: nodes)
+            logger.info("stored job had no node rows; they are made again from its request", [
+                "job": .string(job.id), "nodes": .int(nodes.count),
+            ])
+        } else {
+            guard spec.graph.nodes.count == stored.count else {
+                throw EngineError.invalidStoredJob("the graph has \(spec.graph.nodes.count) nodes, the store \(stored.count)")
+            }
+            nodes = stored.sorted { $0.position < $1.position }
         }
-        var nodes = stored.sorted { $0.position < $1.position }
         // A node unsettled under a settled one will never be started again (a child a `cancel_remaining: false`
         // list left running, or a job whose last state was not written): it ends cancelled.
         let now = Timestamp.nowMs()
@@ -344,14 +354,12 @@ public final class Engine: @unchecked Sendable {
         job.dueAt = dueAt
         job.concurrencyKey = spec.schedule.concurrencyKey
         job.concurrencyLimit = spec.schedule.concurrencyLimit
-        let nodes = spec.graph.nodes.map { node in
-            NodeRecord(
-                jobID: id, id: node.id, parent: node.parent.map { spec.graph.nodes[$0].id }, position: node.index,
-                type: node.typeName)
-        }
+        let nodes = spec.graph.pendingNodeRecords(jobID: id)
         let outcome = try store.createJob(
             job, nodes: nodes, idempotencyKey: idempotencyKey,
-            requestHash: idempotencyKey == nil ? nil : fnv1aHex(requestBytes ?? request.bytes))
+            requestHash: idempotencyKey == nil ? nil : fnv1aHex(requestBytes ?? request.bytes),
+            // A job that waits for its time is read from the store until then; one that starts now, from memory.
+            nodesMayFollow: dueAt == nil)
         switch outcome {
         case .created:
             logger.info("job created", ["job": .string(id), "nodes": .int(nodes.count)])

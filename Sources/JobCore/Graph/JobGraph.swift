@@ -300,6 +300,17 @@ public struct JobGraph: Equatable, Sendable {
     }
 }
 
+extension JobGraph {
+    /// The rows of a job's nodes as they are before anything ran: all pending, in pre-order.
+    func pendingNodeRecords(jobID: String) -> [NodeRecord] {
+        nodes.map { node in
+            NodeRecord(
+                jobID: jobID, id: node.id, parent: node.parent.map { nodes[$0].id }, position: node.index,
+                type: node.typeName)
+        }
+    }
+}
+
 /// A validated `POST /v1/jobs` body (API.md §1.1).
 public struct JobSpec: Equatable, Sendable {
     /// The job's label.

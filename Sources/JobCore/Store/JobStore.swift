@@ -123,6 +123,13 @@ public struct UnreadableJob: Sendable {
 }
 
 extension JobStore {
+    /// Inserts a job and all its nodes in one transaction, durable when this returns.
+    public func createJob(
+        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?
+    ) throws -> CreateOutcome {
+        try createJob(job, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash, nodesMayFollow: false)
+    }
+
     /// As `unfinishedJobs(unreadable:)`, throwing the first job's error if any cannot be read.
     public func unfinishedJobs() throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var unreadable: [UnreadableJob] = []
@@ -138,10 +145,14 @@ extension JobStore {
 /// thread. Reads see committed data only: what was `enqueue`d becomes visible
 /// once the writer commits it (`flush` waits for that).
 public protocol JobStore: AnyObject, Sendable {
-    /// Inserts a job and all its nodes in one transaction, durable when this returns.
+    /// Inserts a job, durable when this returns, and its nodes: in the same transaction, or, with `nodesMayFollow`
+    /// where the store allows it (SQLite), queued before this returns and stored with the next commit (a job
+    /// found at start without its node rows makes them again from its request: `Engine.rebuild`).
     /// With an idempotency key: if a job with that key exists, `.existing(job)` when `requestHash` matches, else `.conflict(job)`.
     /// - Throws: `StoreError` (kind `constraint` when the job id already exists).
-    func createJob(_ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?) throws -> CreateOutcome
+    func createJob(
+        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool
+    ) throws -> CreateOutcome
 
     /// Queues state changes (whole records replace the stored ones; nodes matched by (jobID, position)); returns at once.
     /// Committed together with other queued changes by the writer. A change that cannot be written for lack of a
@@ -151,6 +162,11 @@ public protocol JobStore: AnyObject, Sendable {
     /// A job's `request` is never rewritten (it cannot change after creation), and
     /// changes to jobs or nodes that do not exist (e.g. deleted meanwhile) are ignored.
     func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)])
+
+    /// Queues rows for nodes that are not stored yet, to be inserted with the next commit (a change queued after
+    /// them changes the row to insert): the nodes of a job whose creation was answered before they were stored, and
+    /// which the store lost in a crash.
+    func enqueue(unstoredNodes: [NodeRecord])
 
     /// Blocks until everything enqueued before this call is committed.
     /// - Throws: `StoreError` if some change enqueued before it could not be written yet (it is kept and

@@ -83,24 +83,33 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     // MARK: Writes
 
-    /// Hands the rows to the writer and waits for the (fsynced) commit that includes them.
+    /// Hands the job's row to the writer and waits for the (fsynced) commit that includes it.
+    ///
+    /// With `nodesMayFollow` (the engine's job that starts now) the job is answered once its row is committed, and
+    /// its node rows go in with the writer's next commit: they are queued before this returns, so before any
+    /// change made to them after it, and they say nothing the job's stored request does not. A submission of
+    /// 10,000 fetches then starts its fetches as much sooner as inserting 10,000 rows takes.
     public func createJob(
-        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?
+        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool
     ) throws -> CreateOutcome {
+        let nodesFollow = nodesMayFollow && !nodes.isEmpty
         let ticket = WriteTicket<CreateOutcome>()
-        let request = CreateRequest(job: job, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash)
+        let request = CreateRequest(
+            job: job, nodes: nodesFollow ? [] : nodes, idempotencyKey: idempotencyKey, requestHash: requestHash)
         guard queue.push(.create(request, ticket)) else { throw StoreError(.closed, "store is closed") }
-        return try ticket.wait()
+        let outcome = try ticket.wait()
+        if nodesFollow, case .created = outcome { enqueue(unstoredNodes: nodes) }
+        return outcome
+    }
+
+    public func enqueue(unstoredNodes nodes: [NodeRecord]) {
+        queue.push(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: nodes), logger: logger)
     }
 
     /// Queues the changes for the writer's next batch; only the last record of a job or node in a batch is written,
     /// and changes the disk refuses are kept and retried until they commit.
     public func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)]) {
-        if jobs.isEmpty && nodes.isEmpty && bodies.isEmpty { return }
-        let changes = Changes(jobs: jobs, nodes: nodes, bodies: bodies.map { BodyChange(jobID: $0.jobID, nodeID: $0.nodeID, body: $0.body) })
-        if !queue.push(.changes(changes)) {
-            logger.warning("store is closed; state changes dropped", ["jobs": .int(jobs.count), "nodes": .int(nodes.count)])
-        }
+        queue.push(Changes(jobs: jobs, nodes: nodes, bodies: bodies), logger: logger)
     }
 
     /// Waits for the writer to commit everything queued before this call.
@@ -459,6 +468,20 @@ struct Changes {
     var jobs: [JobRecord]
     var nodes: [NodeRecord]
     var bodies: [BodyChange]
+    /// Node rows not stored yet, inserted rather than updated (`JobStore.enqueue(unstoredNodes:)`).
+    var unstoredNodes: [NodeRecord] = []
+
+    init(
+        jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)],
+        unstoredNodes: [NodeRecord] = []
+    ) {
+        self.jobs = jobs
+        self.nodes = nodes
+        self.bodies = bodies.map { BodyChange(jobID: $0.jobID, nodeID: $0.nodeID, body: $0.body) }
+        self.unstoredNodes = unstoredNodes
+    }
+
+    var isEmpty: Bool { jobs.isEmpty && nodes.isEmpty && bodies.isEmpty && unstoredNodes.isEmpty }
 }
 
 enum WriteOp {
@@ -487,6 +510,16 @@ final class WriteQueue: @unchecked Sendable {
     private var closed = false
     /// Whether an op queued since the last `take` is one somebody waits on (anything but state changes).
     private var awaited = false
+
+    /// Queues state changes; once the queue is closed they are dropped, with a warning.
+    func push(_ changes: Changes, logger: Logger) {
+        if changes.isEmpty { return }
+        if !push(.changes(changes)) {
+            logger.warning("store is closed; state changes dropped", [
+                "jobs": .int(changes.jobs.count), "nodes": .int(changes.nodes.count + changes.unstoredNodes.count),
+            ])
+        }
+    }
 
     /// Queues `op`; false once the queue is closed.
     func push(_ op: WriteOp) -> Bool {
@@ -555,12 +588,19 @@ struct PendingChanges {
     private(set) var jobs: [String: JobRecord] = [:]
     private(set) var nodes: [NodeKey: NodeRecord] = [:]
     private(set) var bodies: [BodyKey: BodyChange] = [:]
+    /// The nodes of `nodes` whose rows are not stored yet: inserted, not updated.
+    private(set) var unstored: Set<NodeKey> = []
 
     var isEmpty: Bool { jobs.isEmpty && nodes.isEmpty && bodies.isEmpty }
     /// Records kept (jobs, nodes and bodies).
     var count: Int { jobs.count + nodes.count + bodies.count }
 
     mutating func merge(_ changes: Changes) {
+        for node in changes.unstoredNodes {
+            let key = NodeKey(jobID: node.jobID, position: node.position)
+            nodes[key] = node
+            unstored.insert(key)
+        }
         for job in changes.jobs { jobs[job.id] = job }
         for node in changes.nodes { nodes[NodeKey(jobID: node.jobID, position: node.position)] = node }
         for body in changes.bodies { bodies[BodyKey(jobID: body.jobID, nodeID: body.nodeID)] = body }
@@ -570,6 +610,7 @@ struct PendingChanges {
         jobs.removeAll(keepingCapacity: true)
         nodes.removeAll(keepingCapacity: true)
         bodies.removeAll(keepingCapacity: true)
+        unstored.removeAll(keepingCapacity: true)
     }
 
     /// The changes in parts of about `maxRecords` records, each job's records (job, nodes, bodies)
@@ -578,6 +619,7 @@ struct PendingChanges {
         var byJob: [String: PendingChanges] = [:]
         for (id, job) in jobs { byJob[id, default: PendingChanges()].jobs[id] = job }
         for (key, node) in nodes { byJob[key.jobID, default: PendingChanges()].nodes[key] = node }
+        for key in unstored { byJob[key.jobID, default: PendingChanges()].unstored.insert(key) }
         for (key, body) in bodies { byJob[key.jobID, default: PendingChanges()].bodies[key] = body }
         var parts: [PendingChanges] = []
         var part = PendingChanges()
@@ -589,6 +631,7 @@ struct PendingChanges {
             part.jobs.merge(group.jobs) { $1 }
             part.nodes.merge(group.nodes) { $1 }
             part.bodies.merge(group.bodies) { $1 }
+            part.unstored.formUnion(group.unstored)
         }
         if !part.isEmpty { parts.append(part) }
         return parts
@@ -598,6 +641,7 @@ struct PendingChanges {
     mutating func remove(_ part: PendingChanges) {
         for id in part.jobs.keys { jobs[id] = nil }
         for key in part.nodes.keys { nodes[key] = nil }
+        unstored.subtract(part.unstored)
         for key in part.bodies.keys { bodies[key] = nil }
     }
 }
@@ -831,6 +875,8 @@ final class StoreWriter: @unchecked Sendable {
         }
         failure = error
         retryAtMs = Timestamp.monotonicMs() + retryDelayMs
+        // Before the ops this failure refuses are answered: whoever was refused then finds the store degraded.
+        publish()
     }
 
     private func publish() {
@@ -957,10 +1003,12 @@ final class StoreWriter: @unchecked Sendable {
         }
         if !pending.nodes.isEmpty {
             let update = try db.prepare(SQL.updateNode)
-            for node in pending.nodes.values {
-                update.reset()
-                Rows.bind(node, jobID: node.jobID, to: update)
-                try update.run()
+            let insert = pending.unstored.isEmpty ? nil : try db.prepare(SQL.insertNode)
+            for (key, node) in pending.nodes {
+                let statement = pending.unstored.contains(key) ? insert ?? update : update
+                statement.reset()
+                Rows.bind(node, jobID: node.jobID, to: statement)
+                try statement.run()
             }
         }
         if !pending.bodies.isEmpty {

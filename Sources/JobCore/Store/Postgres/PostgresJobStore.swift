@@ -132,8 +132,9 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
 
     // MARK: Writes
 
+    /// The job and its nodes in one transaction, whatever `nodesMayFollow` says: another server may read them at once.
     public func createJob(
-        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?
+        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool
     ) throws -> CreateOutcome {
         let ticket = WriteTicket<CreateOutcome>()
         let request = CreateRequest(job: job, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash)
@@ -142,12 +143,11 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     }
 
     public func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)]) {
-        if jobs.isEmpty && nodes.isEmpty && bodies.isEmpty { return }
-        let changes = Changes(
-            jobs: jobs, nodes: nodes, bodies: bodies.map { BodyChange(jobID: $0.jobID, nodeID: $0.nodeID, body: $0.body) })
-        if !queue.push(.changes(changes)) {
-            logger.warning("store is closed; state changes dropped", ["jobs": .int(jobs.count), "nodes": .int(nodes.count)])
-        }
+        queue.push(Changes(jobs: jobs, nodes: nodes, bodies: bodies), logger: logger)
+    }
+
+    public func enqueue(unstoredNodes nodes: [NodeRecord]) {
+        queue.push(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: nodes), logger: logger)
     }
 
     public func flush() throws {

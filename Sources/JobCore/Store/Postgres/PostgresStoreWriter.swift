@@ -165,6 +165,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
         }
         failure = error
         retryAtMs = Timestamp.monotonicMs() + retryDelayMs
+        // Before the ops this failure refuses are answered: whoever was refused then finds the store degraded.
+        publish()
     }
 
     private func publish() {
@@ -295,9 +297,15 @@ final class PostgresStoreWriter: @unchecked Sendable {
             // A slot given back (settled) or a job that may wait for one (reset by a retry, or due).
             if let key = job.concurrencyKey, job.state != .running, job.dueAt == nil { txKeys.insert(key) }
         }
-        for node in pending.nodes.values where !fenced.contains(node.jobID) {
-            try db.run(prepared: "update_node", PGRows.updateNode, PGRows.parameters(node, jobID: node.jobID))
+        var unstored: [(node: NodeRecord, jobID: String)] = []
+        for (key, node) in pending.nodes where !fenced.contains(node.jobID) {
+            if pending.unstored.contains(key) {
+                unstored.append((node: node, jobID: node.jobID))
+            } else {
+                try db.run(prepared: "update_node", PGRows.updateNode, PGRows.parameters(node, jobID: node.jobID))
+            }
         }
+        try insertNodes(unstored)
         try notifyChanged(touched.subtracting(fenced))
         for change in pending.bodies.values where !fenced.contains(change.jobID) {
             try db.run(
