@@ -570,6 +570,8 @@ final class App: @unchecked Sendable {
     /// `Content-Type` is refused too, so that nothing but a deliberate JSON post becomes a job.
     static func mediaTypeProblem(_ contentType: String?) -> String? {
         guard let contentType else { return "the request body needs Content-Type: application/json" }
+        // What nearly every client sends, answered without splitting, trimming and lowercasing.
+        if contentType == "application/json" { return nil }
         let parts = contentType.split(separator: ";").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
         guard parts.first == "application/json" else {
             return "the request body must be application/json, not \(contentType)"
