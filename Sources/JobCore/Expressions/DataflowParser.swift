@@ -222,9 +222,19 @@ struct DataflowParser {
         var sawPaginate = false
 
         for (position, member) in members.enumerated() {
+            let value = member.value
+            // A string, number, boolean or null holds no expression, and but for these three keys is kept as it is,
+            // without spelling out its pointer: most of a large job's members are such.
+            switch value {
+            case .object, .array: break
+            default:
+                if member.key != "select", member.key != "query", member.key != "paginate" {
+                    out.append(member)
+                    continue
+                }
+            }
             let pointer = base + "/" + JSONPointer.escape(member.key)
             let key = nodeKey + [position]
-            let value = member.value
             switch member.key {
             case "select":
                 changed = true
