@@ -183,6 +183,18 @@ final class ExpressionParsingTests: XCTestCase {
             (#"{"graph": {\#(leaf), "select": "body"}}"#, "/graph/select", "must be a JSON Pointer"),
             (#"{"graph": {\#(leaf), "select": 3}}"#, "/graph/select", "must be a JSON Pointer"),
             (#"{"input": 1, "input": 2, "graph": {\#(leaf)}}"#, "/input", "duplicate field"),
+            // Below the root: the node's place is spelled out from its parents' only for the field that needs it.
+            (#"{"graph": {"type": "list", "children": [{\#(leaf)}, {\#(leaf), "timeout_ms": \#(ref)}]}}"#,
+             "/graph/children/1/timeout_ms", "cannot stand here"),
+            (#"{"graph": {"type": "sequence", "children": [{\#(leaf)}, {"type": "list", "children": [{\#(leaf)}, {\#(leaf), "select": 3}]}]}}"#,
+             "/graph/children/1/children/1/select", "must be a JSON Pointer"),
+            (#"{"graph": {"type": "list", "children": [{"type": "list", "children": [{\#(leaf)}, \#(ref)]}]}}"#,
+             "/graph/children/0/children/1", "a node cannot be an expression"),
+            (#"{"graph": {"type": "map", "items": [1], "template": {\#(leaf), "retries": \#(ref)}}}"#,
+             "/graph/template/retries", "cannot stand here"),
+            (#"{"graph": {"type": "list", "children": [{"type": "map", "items": [1], "template": {"type": "list", "children": [{\#(leaf), "json": {"$ref": 5}}]}}]}}"#,
+             "/graph/children/0/template/children/0/json", "$ref must be a string"),
+            (#"{"graph": {"type": "list", "children": \#(ref)}}"#, "/graph/children", "cannot stand here"),
         ]
         for (body, path, fragment) in table {
             let found = issues(body)

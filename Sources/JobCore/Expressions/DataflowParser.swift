@@ -122,48 +122,80 @@ struct DataflowParser {
 
     private struct Frame {
         var value: JSONValue
-        var pointer: String
-        var key: [Int]
         var depth: Int
         var parent: Int?
         var position: Int
         var inTemplate = false
     }
 
+    /// Where each node walked stands: its parent's entry and its position among the parent's children (a template
+    /// is 0), by pre-order index. A node's pointer and document key are spelled out from these only when one of its
+    /// fields needs them (`place(of:)`): most nodes have none, and a chain's pointers grow with its depth.
+    private var parents: [Int?] = []
+    private var positions: [Int] = []
+    /// Where each walked node's children or template stand among its members, and whether it is a template.
+    private var childSteps: [(member: Int, isTemplate: Bool)?] = []
+    private var graphPointer = ""
+    private var graphKey: [Int] = []
+
+    /// The JSON Pointer and document key of the node at pre-order `index`.
+    private func place(of index: Int) -> (pointer: String, key: [Int]) {
+        var chain: [Int] = []
+        var next: Int? = index
+        while let i = next {
+            chain.append(i)
+            next = parents[i]
+        }
+        var pointer = graphPointer
+        var key = graphKey
+        for i in chain.reversed() {
+            guard let parent = parents[i], let step = childSteps[parent] else { continue }
+            if step.isTemplate {
+                pointer += "/template"
+                key.append(step.member)
+            } else {
+                pointer += "/children/\(positions[i])"
+                key += [step.member, positions[i]]
+            }
+        }
+        return (pointer, key)
+    }
+
     /// Walks the nodes in the validator's pre-order and rebuilds the ones that changed, children first.
     private mutating func walkGraph(_ root: JSONValue, pointer: String, key: [Int]) -> (value: JSONValue, changed: Bool) {
         var entries: [Entry] = []
-        var stack = [Frame(value: root, pointer: pointer, key: key, depth: 1, parent: nil, position: 0)]
+        (graphPointer, graphKey) = (pointer, key)
+        (parents, positions, childSteps) = ([], [], [])
+        var stack = [Frame(value: root, depth: 1, parent: nil, position: 0)]
         while let frame = stack.popLast() {
             // Past the limits the validator refuses the job and looks no further; neither does this pass.
             if frame.depth > limits.maxDepth { continue }
             if entries.count >= limits.maxNodes { break }
             let index = entries.count
             if let parent = frame.parent { entries[parent].children.append((frame.position, index)) }
+            parents.append(frame.parent)
+            positions.append(frame.position)
+            childSteps.append(nil)
             reader = index
             readerInTemplate = frame.inTemplate
             var entry = Entry(value: frame.value)
             if case .object(let members) = frame.value {
-                let result = node(members, pointer: frame.pointer, key: frame.key, index: index)
+                let result = node(members, index: index)
                 entry.members = result.members
                 if let template = result.template {
                     entry.childrenMember = template.member
                     entry.childIsTemplate = true
-                    stack.append(
-                        Frame(
-                            value: template.value, pointer: frame.pointer + "/template",
-                            key: frame.key + [template.member], depth: frame.depth + 1, parent: index, position: 0,
-                            inTemplate: true))
+                    childSteps[index] = (template.member, true)
+                    stack.append(Frame(value: template.value, depth: frame.depth + 1, parent: index, position: 0, inTemplate: true))
                 } else if let children = result.children {
                     entry.childrenMember = children.member
+                    childSteps[index] = (children.member, false)
                     // Only the nodes the validator will look at: it stops at the first past `maxNodes`.
                     let budget = max(0, limits.maxNodes - entries.count - stack.count)
                     for position in children.elements.indices.prefix(budget).reversed() {
                         stack.append(
                             Frame(
-                                value: children.elements[position],
-                                pointer: frame.pointer + "/children/\(position)",
-                                key: frame.key + [children.member, position], depth: frame.depth + 1, parent: index,
+                                value: children.elements[position], depth: frame.depth + 1, parent: index,
                                 position: position, inTemplate: frame.inTemplate))
                     }
                 }
@@ -201,13 +233,16 @@ struct DataflowParser {
     }
 
     /// Reads one node's new fields; returns its members when any changed, and its children to walk.
-    private mutating func node(_ members: [JSONMember], pointer base: String, key nodeKey: [Int], index: Int)
+    private mutating func node(_ members: [JSONMember], index: Int)
         -> (members: [JSONMember]?, children: (member: Int, elements: [JSONValue])?, template: (member: Int, value: JSONValue)?)
     {
         if DataflowParser.isExpression(members) {
-            issue(base, "a node cannot be an expression", nodeKey)
+            let place = place(of: index)
+            issue(place.pointer, "a node cannot be an expression", place.key)
             return (nil, nil, nil)
         }
+        // The node's own pointer and key, spelled out for the first member that needs them.
+        var spelled: (pointer: String, key: [Int])?
         let type = members.first(where: { $0.key == "type" })?.value.stringValue
         let isFetch = type == "fetch"
         var flow = NodeDataflow()
@@ -224,8 +259,14 @@ struct DataflowParser {
         for (position, member) in members.enumerated() {
             let value = member.value
             // A string, number, boolean or null holds no expression, and but for these three keys is kept as it is,
-            // without spelling out its pointer: most of a large job's members are such.
+            // without spelling out its pointer: most of a large job's members are such, and with `children` they
+            // are all a chain of nodes has.
             switch value {
+            case .array(let elements) where member.key == "children":
+                // The children are walked as nodes of their own; only an expression in their place is refused here.
+                if type != "fetch", children == nil { children = (position, elements) }
+                out.append(member)
+                continue
             case .object, .array: break
             default:
                 if member.key != "select", member.key != "query", member.key != "paginate" {
@@ -233,8 +274,10 @@ struct DataflowParser {
                     continue
                 }
             }
-            let pointer = base + "/" + JSONPointer.escape(member.key)
-            let key = nodeKey + [position]
+            let base = spelled ?? place(of: index)
+            spelled = base
+            let pointer = base.pointer + "/" + JSONPointer.escape(member.key)
+            let key = base.key + [position]
             switch member.key {
             case "select":
                 changed = true
@@ -347,9 +390,8 @@ struct DataflowParser {
                     }
                 }
             case "children":
-                if case .array(let elements) = value, type != "fetch" {
-                    if children == nil { children = (position, elements) }
-                } else if case .object(let fields) = value, DataflowParser.isExpression(fields) {
+                // An array was taken above.
+                if case .object(let fields) = value, DataflowParser.isExpression(fields) {
                     issue(pointer, DataflowParser.forbiddenMessage, key)
                 }
             default:
