@@ -641,13 +641,16 @@ class EngineTests: EngineTestCase {
         XCTAssertEqual(try cancel(engine, job.id).isAlreadyCancelled, false)
         XCTAssertEqual(try engine.store.nodes(jobID: job.id, includeResults: false).map(\.state), [.cancelled, .succeeded, .cancelled])
 
-        // What a crash between the two commits leaves: the job's row without its nodes'. It runs as if just submitted.
+        // What a crash between the two commits leaves: the job's row as created (version 1) without its nodes'. It
+        // runs as if just submitted. A job changed since (version 3) whose rows are gone is damaged: it fails alone.
         let store = try makeStore(dbName: "rows.sqlite")
         let body = #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))},{"type":"fetch","url":\#(u("/json"))}]}}"#
         try storeJob(store, id: "a-rows-lost", body)
         try storeJob(store, id: "b-rows-kept", body)
+        try storeJob(store, id: "c-rows-lost-later", body)
         store.close()
-        try executeRaw("DELETE FROM nodes WHERE job_id = 'a-rows-lost'", dbName: "rows.sqlite")
+        try executeRaw("DELETE FROM nodes WHERE job_id IN ('a-rows-lost', 'c-rows-lost-later')", dbName: "rows.sqlite")
+        try executeRaw("UPDATE jobs SET version = 1 WHERE id = 'a-rows-lost'", dbName: "rows.sqlite")
         let restarted = try makeEngine(dbName: "rows.sqlite")
         for id in ["a-rows-lost", "b-rows-kept"] {
             XCTAssertEqual(try settled(restarted, id).state, .succeeded, "job \(id)")
@@ -656,7 +659,10 @@ class EngineTests: EngineTestCase {
                     try restarted.store.nodes(jobID: id, includeResults: false).map(\.state) == [.succeeded, .succeeded, .succeeded]
                 }, "the stored nodes of \(id) never all succeeded")
         }
-        XCTAssertEqual(try restarted.metricsNow.jobLoadFailures, 0)
+        let damaged = try XCTUnwrap(try restarted.job(id: "c-rows-lost-later"))
+        XCTAssertEqual(damaged.state, .failed)
+        XCTAssertEqual(damaged.error?.kind, .internal)
+        XCTAssertEqual(try restarted.metricsNow.jobLoadFailures, 1)
     }
 
     // MARK: -

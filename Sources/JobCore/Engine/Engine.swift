@@ -225,8 +225,11 @@ public final class Engine: @unchecked Sendable {
             try MapExpansion.restore(store.mapExpansions(jobID: job.id), into: &spec.graph)
         }
         var nodes: [NodeRecord]
-        if stored.isEmpty {
-            // Created, but stopped before its node rows followed (`SQLiteJobStore.createJob`): nothing of it ran.
+        if stored.isEmpty, job.version == 1 {
+            // Stopped between its row's commit and its node rows' (`SQLiteJobStore.createJob`): no change of it was
+            // stored (the first would have made it version 2, in the commit of the rows or after), so its nodes start
+            // from the beginning, as a node whose start was not yet committed does. Rows missing from a job changed
+            // since are damage: it fails below.
             nodes = spec.graph.pendingNodeRecords(jobID: job.id)
             store.enqueue(unstoredNodes: nodes)
             logger.info("stored job had no node rows; they are made again from its request", [
