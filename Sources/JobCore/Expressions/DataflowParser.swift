@@ -111,6 +111,9 @@ struct DataflowParser {
 
     private struct Entry {
         var value: JSONValue
+        /// The parent's entry, and this node's position among the parent's children (a template is 0).
+        var parent: Int?
+        var position: Int
         /// The node's members after this pass, when any changed.
         var members: [JSONMember]?
         /// Position of `children` among the members, and each walked child's (array position, entry).
@@ -128,13 +131,10 @@ struct DataflowParser {
         var inTemplate = false
     }
 
-    /// Where each node walked stands: its parent's entry and its position among the parent's children (a template
-    /// is 0), by pre-order index. A node's pointer and document key are spelled out from these only when one of its
-    /// fields needs them (`place(of:)`): most nodes have none, and a chain's pointers grow with its depth.
-    private var parents: [Int?] = []
-    private var positions: [Int] = []
-    /// Where each walked node's children or template stand among its members, and whether it is a template.
-    private var childSteps: [(member: Int, isTemplate: Bool)?] = []
+    /// The nodes walked so far, by pre-order index; a node's entry is made before its fields are read. A node's
+    /// pointer and document key are spelled out from its entry and its parents' only when one of its fields needs
+    /// them (`place(of:)`): most nodes have none, and a chain's pointers grow with its depth.
+    private var entries: [Entry] = []
     private var graphPointer = ""
     private var graphKey: [Int] = []
 
@@ -144,18 +144,18 @@ struct DataflowParser {
         var next: Int? = index
         while let i = next {
             chain.append(i)
-            next = parents[i]
+            next = entries[i].parent
         }
         var pointer = graphPointer
         var key = graphKey
         for i in chain.reversed() {
-            guard let parent = parents[i], let step = childSteps[parent] else { continue }
-            if step.isTemplate {
+            guard let parent = entries[i].parent, let member = entries[parent].childrenMember else { continue }
+            if entries[parent].childIsTemplate {
                 pointer += "/template"
-                key.append(step.member)
+                key.append(member)
             } else {
-                pointer += "/children/\(positions[i])"
-                key += [step.member, positions[i]]
+                pointer += "/children/\(entries[i].position)"
+                key += [member, entries[i].position]
             }
         }
         return (pointer, key)
@@ -163,9 +163,9 @@ struct DataflowParser {
 
     /// Walks the nodes in the validator's pre-order and rebuilds the ones that changed, children first.
     private mutating func walkGraph(_ root: JSONValue, pointer: String, key: [Int]) -> (value: JSONValue, changed: Bool) {
-        var entries: [Entry] = []
-        (graphPointer, graphKey) = (pointer, key)
-        (parents, positions, childSteps) = ([], [], [])
+        (entries, graphPointer, graphKey) = ([], pointer, key)
+        // Kept only for the walk: the entries hold the submitted values.
+        defer { entries = [] }
         var stack = [Frame(value: root, depth: 1, parent: nil, position: 0)]
         while let frame = stack.popLast() {
             // Past the limits the validator refuses the job and looks no further; neither does this pass.
@@ -173,25 +173,20 @@ struct DataflowParser {
             if entries.count >= limits.maxNodes { break }
             let index = entries.count
             if let parent = frame.parent { entries[parent].children.append((frame.position, index)) }
-            parents.append(frame.parent)
-            positions.append(frame.position)
-            childSteps.append(nil)
             reader = index
             readerInTemplate = frame.inTemplate
-            var entry = Entry(value: frame.value)
+            entries.append(Entry(value: frame.value, parent: frame.parent, position: frame.position))
             if case .object(let members) = frame.value {
                 let result = node(members, index: index)
-                entry.members = result.members
+                entries[index].members = result.members
                 if let template = result.template {
-                    entry.childrenMember = template.member
-                    entry.childIsTemplate = true
-                    childSteps[index] = (template.member, true)
+                    entries[index].childrenMember = template.member
+                    entries[index].childIsTemplate = true
                     stack.append(Frame(value: template.value, depth: frame.depth + 1, parent: index, position: 0, inTemplate: true))
                 } else if let children = result.children {
-                    entry.childrenMember = children.member
-                    childSteps[index] = (children.member, false)
+                    entries[index].childrenMember = children.member
                     // Only the nodes the validator will look at: it stops at the first past `maxNodes`.
-                    let budget = max(0, limits.maxNodes - entries.count - stack.count)
+                    let budget = max(0, limits.maxNodes - index - stack.count)
                     for position in children.elements.indices.prefix(budget).reversed() {
                         stack.append(
                             Frame(
@@ -200,7 +195,6 @@ struct DataflowParser {
                     }
                 }
             }
-            entries.append(entry)
         }
         guard !entries.isEmpty else { return (root, false) }
 
