@@ -13,9 +13,11 @@ public struct ThreadStartError: Error, CustomStringConvertible {
 
 private final class ThreadBody {
     let name: String
+    let nice: Int32?
     let body: () -> Void
-    init(name: String, body: @escaping () -> Void) {
+    init(name: String, nice: Int32?, body: @escaping () -> Void) {
         self.name = name
+        self.nice = nice
         self.body = body
     }
 }
@@ -26,8 +28,9 @@ private final class ThreadBody {
 /// A dedicated OS thread rather than a Dispatch queue or `Foundation.Thread`: the event loops, the fetcher
 /// and the store's writer block in epoll, curl and fsync, and must not sit on a shared pool.
 /// The caller joins the returned thread with `pthread_join` (once) or lets it run for the process's life.
+/// With `niceIncrement`, the thread runs that many nice steps below the thread that starts it (at most 19).
 public func startThread(
-    name: String, stackSize: Int? = nil, _ body: @escaping () -> Void
+    name: String, stackSize: Int? = nil, niceIncrement: Int32 = 0, _ body: @escaping () -> Void
 ) throws(ThreadStartError) -> pthread_t {
     var attributes = pthread_attr_t()
     pthread_attr_init(&attributes)
@@ -36,12 +39,14 @@ public func startThread(
         let rc = pthread_attr_setstacksize(&attributes, stackSize)
         guard rc == 0 else { throw ThreadStartError(call: "pthread_attr_setstacksize", errno: rc) }
     }
-    let box = Unmanaged.passRetained(ThreadBody(name: name, body: body)).toOpaque()
+    let nice = niceIncrement > 0 ? min(19, currentThreadNice() + niceIncrement) : nil
+    let box = Unmanaged.passRetained(ThreadBody(name: name, nice: nice, body: body)).toOpaque()
     var thread = pthread_t()
     let rc = pthread_create(&thread, &attributes, { argument in
         guard let argument else { return nil }
         let body = Unmanaged<ThreadBody>.fromOpaque(argument).takeRetainedValue()
         setCurrentThreadName(body.name)
+        if let nice = body.nice { lowerCurrentThreadPriority(to: nice) }
         body.body()
         return nil
     }, box)
@@ -69,4 +74,24 @@ private func setCurrentThreadName(_ name: String) {
     var bytes = Array(name.utf8.prefix(15)).map { CChar(bitPattern: $0) }
     bytes.append(0)
     _ = setName(pthread_self(), bytes)
+}
+
+/// The calling thread's nice value. On Linux, `PRIO_PROCESS` with 0 names the calling thread, not the process;
+/// elsewhere it would name the process, so there the value is read as 0 and left alone.
+public func currentThreadNice() -> Int32 {
+    #if os(Linux)
+    return getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
+    #else
+    return 0
+    #endif
+}
+
+/// Raises the calling thread's nice value to `nice` if it is below; a failure leaves the thread as it was. An
+/// unprivileged thread may raise its nice value but not lower it again, so this is for threads that keep it.
+public func lowerCurrentThreadPriority(to nice: Int32) {
+    #if os(Linux)
+    if currentThreadNice() < nice {
+        _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, nice)
+    }
+    #endif
 }

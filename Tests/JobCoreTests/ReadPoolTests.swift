@@ -1,17 +1,12 @@
 import Foundation
-import Glibc
 import Synchronization
+import Threads
 import XCTest
 @testable import JobCore
 
 /// The read pool runs below the priority of the thread that made it (an event loop's), so that rendering a large
 /// answer yields the CPU to the loops.
 final class ReadPoolTests: XCTestCase {
-    /// The calling thread's nice value (on Linux, `PRIO_PROCESS` with 0 names the calling thread).
-    private static func niceValue() -> Int32 {
-        getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
-    }
-
     func testReadsRunFiveNiceStepsBelowTheThreadThatMadeThePool() {
         let pool = ReadPool(queues: 3)
         let seen = Mutex<[Int32]>([])
@@ -19,7 +14,7 @@ final class ReadPoolTests: XCTestCase {
         for _ in 0..<6 {
             done.enter()
             pool.async {
-                let nice = ReadPoolTests.niceValue()
+                let nice = currentThreadNice()
                 seen.withLock { $0.append(nice) }
                 done.leave()
             }
@@ -27,7 +22,7 @@ final class ReadPoolTests: XCTestCase {
         XCTAssertEqual(done.wait(timeout: .now() + 30), .success)
         // The test's own thread stands for an event loop: a plain thread at the process's nice value. (libdispatch
         // alone would run `.utility` work at nice 2 whatever the process's, above a process started with `nice`.)
-        let plain = ReadPoolTests.niceValue()
+        let plain = currentThreadNice()
         let values = seen.withLock { $0 }
         XCTAssertEqual(values.count, 6)
         XCTAssertEqual(pool.nice, min(19, plain + ReadPool.niceIncrement))

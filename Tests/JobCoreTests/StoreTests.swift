@@ -1,4 +1,5 @@
 import Foundation
+import Threads
 import XCTest
 @testable import JobCore
 
@@ -257,6 +258,38 @@ class StoreTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreT
         XCTAssertEqual(try store.body(jobID: job.id, nodeID: "root.0"), body)
         XCTAssertEqual(try store.body(jobID: job.id, nodeID: "root.1"), StoredBody(contentType: nil, bytes: []))
         XCTAssertNil(try store.body(jobID: job.id, nodeID: "root"))
+    }
+
+    /// The writer yields the CPU to the fetcher and the engine (`StoreThread.writerNiceIncrement`); nothing else
+    /// moves: the thread that opened the store keeps its priority.
+    func testTheWriterRunsTenNiceStepsBelowTheThreadThatOpenedTheStore() throws {
+        let before = Set(Self.threads(named: "store-writer").map(\.tid))
+        let opener = currentThreadNice()
+        let store = try makeStore()
+        defer { store.close() }
+        // Once a flush is answered, the writer's body runs, so its name and priority are set.
+        try store.flush()
+        let new = Self.threads(named: "store-writer").filter { !before.contains($0.tid) }
+        XCTAssertEqual(new.count, 1, "one writer thread per store")
+        XCTAssertEqual(new.map(\.nice), [min(19, opener + StoreThread.writerNiceIncrement)])
+        XCTAssertEqual(StoreThread.writerNiceIncrement, 10)
+        XCTAssertEqual(currentThreadNice(), opener)
+    }
+
+    /// This process's threads named `name`, with their nice values (`/proc/self/task/<tid>/stat`, field 19).
+    private static func threads(named name: String) -> [(tid: String, nice: Int32)] {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+        return tasks.compactMap { tid in
+            let comm = try? String(contentsOfFile: "/proc/self/task/\(tid)/comm", encoding: .utf8)
+            guard comm?.trimmingCharacters(in: .whitespacesAndNewlines) == name,
+                let stat = try? String(contentsOfFile: "/proc/self/task/\(tid)/stat", encoding: .utf8),
+                let close = stat.lastIndex(of: ")")
+            else { return nil }
+            // After the name in parentheses: field 3 (state) first, so field 19 is the 17th.
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            guard fields.count > 16, let nice = Int32(fields[16]) else { return nil }
+            return (tid: tid, nice: nice)
+        }
     }
 
     func testLaterChangeOfARecordWinsWithinABatch() throws {

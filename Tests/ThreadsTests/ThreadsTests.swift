@@ -23,6 +23,21 @@ final class ThreadsTests: XCTestCase {
         XCTAssertEqual(seen.withLock { $0 }, "a-name-longer-t")
     }
 
+    func testANiceIncrementRunsTheThreadThatManyStepsBelowItsStarterAndNoLowerThanNineteen() throws {
+        let starter = currentThreadNice()
+        for increment: Int32 in [0, 3, 40] {
+            let seen = Locked<Int32?>(nil)
+            let thread = try startThread(name: "nice-\(increment)", niceIncrement: increment) {
+                let nice = currentThreadNice()
+                seen.withLock { $0 = nice }
+            }
+            XCTAssertEqual(pthread_join(thread, nil), 0)
+            XCTAssertEqual(seen.withLock { $0 }, min(19, starter + increment), "increment \(increment)")
+        }
+        // Only the new thread moved.
+        XCTAssertEqual(currentThreadNice(), starter)
+    }
+
     func testAStackSizeTheSystemRefusesIsAnErrorNotACrash() {
         XCTAssertThrowsError(try startThread(name: "too-small", stackSize: 1) {}) { error in
             XCTAssertEqual((error as? ThreadStartError)?.call, "pthread_attr_setstacksize")

@@ -1085,7 +1085,7 @@ final class ReadPool: Sendable {
     let nice: Int32
 
     init(queues count: Int) {
-        nice = min(19, ReadPool.currentNice() + ReadPool.niceIncrement)
+        nice = min(19, currentThreadNice() + ReadPool.niceIncrement)
         queues = (0..<max(1, count)).map { DispatchQueue(label: "jobserver.read.\($0)", qos: ReadPool.qos) }
         waiting = (0..<max(1, count)).map { _ in Counter() }
     }
@@ -1105,23 +1105,9 @@ final class ReadPool: Sendable {
         counter.value.add(1, ordering: .relaxed)
         let nice = self.nice
         queues[best].async {
-            ReadPool.lowerPriority(to: nice)
+            lowerCurrentThreadPriority(to: nice)
             work()
             counter.value.subtract(1, ordering: .relaxed)
-        }
-    }
-}
-
-extension ReadPool {
-    /// The calling thread's nice value (on Linux, `PRIO_PROCESS` with 0 names the calling thread, not the process).
-    static func currentNice() -> Int32 {
-        getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
-    }
-
-    /// Raises the calling thread's nice value to `nice` if it is below; a failure leaves the thread as it was.
-    static func lowerPriority(to nice: Int32) {
-        if currentNice() < nice {
-            _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, nice)
         }
     }
 }

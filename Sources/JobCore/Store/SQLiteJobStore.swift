@@ -75,7 +75,9 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         self.readers = ReaderPool(path: path)
         // The thread holds the writer and the queue, not the store, so that
         // dropping the last reference to the store still closes it.
-        self.writerThread = try StoreThread { writer.run(queue) }
+        self.writerThread = try StoreThread(name: "store-writer", niceIncrement: StoreThread.writerNiceIncrement) {
+            writer.run(queue)
+        }
         logger.debug("store opened", ["path": .string(path)])
     }
 

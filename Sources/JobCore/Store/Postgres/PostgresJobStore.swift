@@ -75,7 +75,9 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         self.keyAdmission = keyAdmission
         writer.keysWritten = { keys in keyAdmission.request(keys) }
         self.hostRates = PostgresHostRates(url: url, logger: logger)
-        self.writerThread = try StoreThread { writer.run(queue) }
+        self.writerThread = try StoreThread(name: "store-writer", niceIncrement: StoreThread.writerNiceIncrement) {
+            writer.run(queue)
+        }
         logger.debug("store opened", ["database": .string("postgresql"), "server": .string(leases.owner)])
     }
 

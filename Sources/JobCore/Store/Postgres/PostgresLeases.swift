@@ -181,7 +181,7 @@ final class PostgresLeaseKeeper: @unchecked Sendable {
     }
 
     func start() throws {
-        thread = try StoreThread { [self] in run() }
+        thread = try StoreThread(name: "store-leases") { [self] in run() }
     }
 
     func stop() {
