@@ -99,7 +99,7 @@ nginx $(nginx_version) on 127.0.0.1. The server runs with default flags and log 
 \`synchronous=NORMAL\`), then, to show where the limit is, with \`$TUNED\`: all fetches go to one host, whose 16
 transfers at a time (the default) bound the rate (the server hands libcurl up to 32, and it starts each one held the
 moment a connection is free); and when submissions outrun the fetches, the backlog grows to 10,000 active jobs
-(\`--max-active-jobs\`) and wrk's further submissions are refused with \`429\`, each sent 50 ms after its request. $RUNS runs each; median (min–max).
+(\`--max-active-jobs\`) and wrk's further submissions are refused with \`429\`, each sent 50 ms after its request. The store's writer runs ten nice steps below the rest of the server, so when the CPU is short the submissions, which wait for its commits, slow down rather than outrun the fetches. A backlog below 0 counts jobs created by the requests wrk sent last, whose answers it stopped waiting for. $RUNS runs each; median (min–max).
 
 | figure | default flags | \`$TUNED\` |
 |---|---|---|
