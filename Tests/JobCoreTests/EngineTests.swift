@@ -1,5 +1,6 @@
 import Foundation
 import TestSupport
+import Threads
 import XCTest
 
 @testable import JobCore
@@ -39,6 +40,26 @@ class EngineTests: EngineTestCase {
         let job = try submit(engine, #"{"graph": \#(graph)\#(extra)}"#)
         let done = try settled(engine, job.id)
         return (done, try nodes(engine, job.id))
+    }
+
+    // MARK: - Finished fetches
+
+    /// Fetches that end while an earlier one waits to be taken in join its turn of the engine's queue, in the order
+    /// they ended, ahead of work queued between them: one hop per batch, not one per fetch.
+    func testFetchesThatEndWhileOneWaitsAreTakenInOnItsTurn() throws {
+        let engine = try makeEngine()
+        let seen = Locked<[String]>([])
+        engine.queue.suspend()
+        engine.fetchEnded(slotOf: nil) { seen.withLock { $0.append("a") } }
+        engine.queue.async { seen.withLock { $0.append("queued between") } }
+        engine.fetchEnded(slotOf: nil) { seen.withLock { $0.append("b") } }
+        engine.fetchEnded(slotOf: nil) { seen.withLock { $0.append("c") } }
+        engine.queue.resume()
+        engine.queue.sync {}
+        // The next fetch to end starts a turn of its own.
+        engine.fetchEnded(slotOf: nil) { seen.withLock { $0.append("d") } }
+        engine.queue.sync {}
+        XCTAssertEqual(seen.withLock { $0 }, ["a", "b", "c", "queued between", "d"])
     }
 
     // MARK: - Lists

@@ -9,10 +9,7 @@ extension JobRun {
             releaseSlot: { engine.fetchFinished(host: host) },
             start: { finish in
                 engine.fetcher.start(request, timeoutMs: nil, budget: budget) { outcome in
-                    engine.queue.async {
-                        engine.fetchFinished(host: host)
-                        finish(outcome)
-                    }
+                    engine.fetchEnded(slotOf: host) { finish(outcome) }
                 }
             })
     }
@@ -74,10 +71,7 @@ extension JobRun {
             return
         }
         transfers[i] = engine.fetcher.start(sent, timeoutMs: nil, budget: byteBudget) { outcome in
-            engine.queue.async {
-                engine.fetchFinished(host: host)
-                deliver(outcome)
-            }
+            engine.fetchEnded(slotOf: host) { deliver(outcome) }
         }
     }
 }

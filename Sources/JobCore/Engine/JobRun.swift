@@ -198,10 +198,7 @@ final class JobRun: @unchecked Sendable {
             },
             completion: { [weak self] outcome in
                 let run = self
-                engine.queue.async {
-                    engine.fetchFinished(host: host)
-                    run?.fetchFinished(i, outcome)
-                }
+                engine.fetchEnded(slotOf: host) { run?.fetchFinished(i, outcome) }
             })
         return true
     }

@@ -157,8 +157,8 @@ extension JobRun {
             },
             completion: { [weak self] outcome in
                 let run = self
-                engine.queue.async {
-                    // The slot is given back once no page follows.
+                // The slot is given back once no page follows.
+                engine.fetchEnded(slotOf: nil) {
                     if run?.pageFinished(i, walk, outcome) != true { engine.fetchFinished(host: host) }
                 }
             })
