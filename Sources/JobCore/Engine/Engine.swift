@@ -50,8 +50,13 @@ public final class Engine: @unchecked Sendable {
     var waiters: [String: [Waiter]] = [:]
     /// The event streams (`watchEvents`).
     let eventHub = JobEventHub()
-    private var idGenerator = JobIDGenerator()
-    var shuttingDown = false
+    /// Makes the ids of new jobs; a submission takes one without a turn of `queue`.
+    private let ids = Locked(JobIDGenerator())
+    var shuttingDown = false {
+        didSet { shutdownBegun.store(shuttingDown, ordering: .releasing) }
+    }
+    /// `shuttingDown` as last set, readable from any thread: a submission is refused for it without a turn of `queue`.
+    private let shutdownBegun = Atomic<Bool>(false)
     private var sweepTimer: DispatchSourceTimer?
     private var retiring: [JobRun] = []
     private var retireScheduled = false
@@ -341,13 +346,16 @@ public final class Engine: @unchecked Sendable {
         let now = Timestamp.nowMs()
         // A job that waits for its time waits in the store, not among the active jobs.
         let dueAt = spec.schedule.notBefore.flatMap { $0 > now ? $0 : nil }
-        let (refusal, id): (SubmitOutcome?, String) = queue.sync {
-            if shuttingDown { return (.shuttingDown, "") }
-            if dueAt == nil, unsettledJobs >= configuration.maxActiveJobs { return (.queueFull, "") }
-            if dueAt != nil, timekeeper.scheduledJobs >= configuration.maxScheduledJobs { return (.queueFull, "") }
-            return (nil, idGenerator.next(nowMs: Timestamp.nowMs()))
+        // Read from their mirrors: a submission waits for `queue` only to start its job, not behind every fetch
+        // outcome queued there to learn whether it may. The limits were never exact under concurrent submissions
+        // (the check and the start are two turns apart either way).
+        if shutdownBegun.load(ordering: .acquiring) { return .shuttingDown }
+        if dueAt == nil {
+            if refusesActiveJobs { return .queueFull }
+        } else if queue.sync(execute: { timekeeper.scheduledJobs >= configuration.maxScheduledJobs }) {
+            return .queueFull
         }
-        if let refusal { return refusal }
+        let id = ids.withLock { $0.next(nowMs: Timestamp.nowMs()) }
         var progress = Progress()
         progress.total = spec.graph.nodes.count
         progress.pending = spec.graph.nodes.count
