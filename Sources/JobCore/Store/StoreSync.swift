@@ -44,10 +44,11 @@ final class WriteTicket<Value>: @unchecked Sendable {
     }
 }
 
-/// A dedicated OS thread (the store's writer blocks in fsync; it must not sit on a shared pool).
+/// A dedicated OS thread (the store's writer blocks in fsync, PostgreSQL's lease keeper on the network; neither may
+/// sit on a shared pool).
 final class StoreThread: @unchecked Sendable {
-    // @unchecked: `thread` is set in `init` and cleared by `join`, which only `SQLiteJobStore.close` calls, and
-    // only the one caller that flips its `closed` flag under `closeMonitor` reaches it.
+    // @unchecked: `thread` is set in `init` and cleared by `join`, which only its owner calls, once: a store's
+    // `close` (only the one caller that flips its `closed` flag reaches it) or the lease keeper's `stop`.
     private var thread: pthread_t?
 
     /// The writer handles values nested up to `Limits.storedJSONDepth`, and Swift releases (and encodes) a nested
@@ -56,10 +57,11 @@ final class StoreThread: @unchecked Sendable {
     /// AddressSanitizer's larger frames, under which 8 MiB overflowed. Only the pages touched are committed.
     static let stackSize = 64 << 20
 
-    /// How many nice steps below the process a store's writer runs. The writer commits whatever has queued in one
-    /// transaction, so when the CPU is short it loses little by waiting: it makes fewer, larger commits, and the
-    /// fetcher and the engine's queue, whose every delay holds up a transfer or a job, go first. Submissions, which
-    /// wait for their commit, slow down with it, and the work already accepted is finished before more is taken.
+    /// How many nice steps below the thread that opens the store its writer runs. The writer commits whatever has
+    /// queued in one transaction, so when the CPU is short it loses little by waiting: it makes fewer, larger
+    /// commits, and the fetcher and the engine's queue, whose every delay holds up a transfer or a job, go first.
+    /// Submissions, which wait for their commit, slow down with it, and the work already accepted is finished
+    /// before more is taken.
     /// With a core to spare it changes nothing. See docs/architecture.md for what it was measured to gain.
     static let writerNiceIncrement: Int32 = 10
 
@@ -70,7 +72,7 @@ final class StoreThread: @unchecked Sendable {
             thread = try startThread(
                 name: name, stackSize: StoreThread.stackSize, niceIncrement: niceIncrement, body)
         } catch {
-            throw StoreError(.io, "cannot start the store writer thread (errno \(error.errno))")
+            throw StoreError(.io, "cannot start the store's \(name) thread (errno \(error.errno))")
         }
     }
 
