@@ -780,11 +780,15 @@ public final class Engine: @unchecked Sendable {
     }
 
     func fetchFinished(host: String) {
-        fetchQueue.finished(host: host)
-        shared?.releaseHostSlot(host)
+        giveBackSlot(of: host)
         // The freed slot is given out now, before the finished fetch's outcome is taken in, rather than by a pump
         // queued behind everything else waiting on the queue: with all slots busy, that wait is what bounds the rate.
         pumpFetches()
+    }
+
+    private func giveBackSlot(of host: String) {
+        fetchQueue.finished(host: host)
+        shared?.releaseHostSlot(host)
     }
 
     /// A finished fetch on its way from the fetcher's thread to `queue`: the host whose slot it gives back (`nil`
@@ -812,11 +816,7 @@ public final class Engine: @unchecked Sendable {
             list = []
             return taken
         }
-        for fetch in ended {
-            guard let host = fetch.host else { continue }
-            fetchQueue.finished(host: host)
-            shared?.releaseHostSlot(host)
-        }
+        for fetch in ended { if let host = fetch.host { giveBackSlot(of: host) } }
         pumpFetches()
         for fetch in ended { fetch.takeIn() }
     }
