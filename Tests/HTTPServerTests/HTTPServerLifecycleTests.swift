@@ -139,10 +139,11 @@ final class HTTPServerLifecycleTests: XCTestCase {
         var sent = 0
         var closed = false
         for byte in head {
-            // One byte every 100 ms; a send fails (EPIPE/ECONNRESET) once the server has closed.
+            // One byte every 100 ms, the client's pace: between bytes it waits for the server's answer or close,
+            // which ends the wait at once. A send fails (EPIPE/ECONNRESET) once the server has closed.
             if (try? client.send([byte])) == nil { closed = true; break }
             sent += 1
-            usleep(100_000)
+            if client.waitReadable(milliseconds: 100) { closed = client.waitForClose(); break }
             if Date().timeIntervalSince(start) > 3 { break }
         }
         if !closed { closed = client.waitForClose() }
