@@ -552,6 +552,11 @@ final class EventLoop: @unchecked Sendable {
         connection.pending = nil
         // A stream that ends once shutdown began closes its connection, as a late answer would.
         _ = connection.machine.event(.answerQueued(keepAlive: connection.streamKeepAlive && !shuttingDown))
+        if !connection.hasOutput {
+            // An HTTP/1.0 body has no last chunk: when its bytes were all written before the end, no flush is left
+            // to report the output drained, and the connection would wait for its idle timeout to close.
+            perform(connection.machine.event(.outputDrained(now: now)), on: connection)
+        }
     }
 
     // MARK: - Writing

@@ -69,6 +69,21 @@ final class HTTPServerStreamingTests: XCTestCase {
         XCTAssertFalse(all.lowercased().contains("transfer-encoding"), all)
     }
 
+    /// An HTTP/1.0 body has no last chunk: a `finish` that comes after every byte went out has nothing of its own
+    /// to write, and the connection still closes.
+    func testHTTP10StreamFinishedAfterItsBytesWentOutClosesTheConnection() throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        let client = try RawClient(port: server.port)
+        try client.send("GET /pending HTTP/1.0\r\n\r\n")
+        let responder = try XCTUnwrap(server.pending.take())
+        let stream = responder.startStream(eventStream)
+        stream.write(Array("a".utf8))
+        XCTAssertNotNil(client.readThrough(Array("\r\n\r\na".utf8)), "the head and the first byte arrive")
+        stream.finish()
+        XCTAssertEqual(client.readUntilClose(), [], "closed after the body, with nothing more")
+    }
+
     func testClientThatGoesAwayClosesTheStream() throws {
         let server = try TestServer()
         defer { server.stop() }
