@@ -21,7 +21,7 @@ final class FetcherBudgetTests: FetcherTestCase {
             XCTAssertEqual(over.error?.kind, .tooLarge, suffix)
             let message = over.error?.message ?? ""
             XCTAssertTrue(message.contains("budget of 1000 bytes") && message.contains("--max-job-bytes"), message)
-            XCTAssertTrue(ByteBudget.isBudgetFailure(try XCTUnwrap(over.error)))
+            XCTAssertTrue(over.crossedBudget, suffix)
             // What the refused fetch received before it crossed is given back; what fits still fits.
             XCTAssertEqual(budget.usedBytes, 600, suffix)
             let left = budget.remaining
@@ -36,7 +36,7 @@ final class FetcherBudgetTests: FetcherTestCase {
         fetcher.start(FetchRequest(url: upstream.url("/bytes/1001"), maxBytes: 1000), budget: budget) { box.set($0) }
         let outcome = try XCTUnwrap(box.wait(seconds: 20))
         XCTAssertEqual(outcome.error?.kind, .tooLarge)
-        XCTAssertFalse(ByteBudget.isBudgetFailure(try XCTUnwrap(outcome.error)))
+        XCTAssertFalse(outcome.crossedBudget, "the fetch's own max_bytes")
     }
 
     func testARetryCountsItsAnswerAndGivesBackTheOneItReplaces() throws {
@@ -62,6 +62,7 @@ final class FetcherBudgetTests: FetcherTestCase {
         let outcome = try XCTUnwrap(box.wait(seconds: 20))
         XCTAssertEqual(outcome.error?.kind, .tooLarge)
         XCTAssertTrue(outcome.error?.message.contains("budget of \(8 << 20) bytes") == true, outcome.error?.message ?? "")
+        XCTAssertTrue(outcome.crossedBudget)
         XCTAssertEqual(budget.usedBytes, 0)
         // A transfer error: nothing kept, nothing held.
         XCTAssertEqual(try fetch("/close", budget: budget).error?.kind, .connect)
@@ -88,7 +89,7 @@ final class FetcherBudgetTests: FetcherTestCase {
             XCTAssertEqual(over.error?.kind, .tooLarge, suffix)
             let message = over.error?.message ?? ""
             XCTAssertTrue(message.contains("the server's 1000 bytes") && message.contains("--max-response-memory"), message)
-            XCTAssertTrue(ByteBudget.isBudgetFailure(try XCTUnwrap(over.error)))
+            XCTAssertTrue(over.crossedBudget, suffix)
             XCTAssertEqual(over.attempts, 3, suffix)
             XCTAssertEqual(second.usedBytes, 0, suffix)
             XCTAssertEqual(server.usedBytes, 600, suffix)

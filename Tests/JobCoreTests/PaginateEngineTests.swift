@@ -147,9 +147,22 @@ class PaginateEngineTests: EngineTestCase {
             engine, page("/pages/link?n=3&per=1", #"{"next": "link", "items": "/body"}"#, extra: #""max_bytes": 25, "#))
         let done = try settled(engine, job.id)
         XCTAssertEqual(done.error?.kind, .tooLarge)
+        XCTAssertTrue(done.error?.message.contains("page 3 takes the pages over 25 bytes together") == true,
+                      done.error?.message ?? "")
         let fits = try submit(
             engine, page("/pages/link?n=3&per=1", #"{"next": "link", "items": "/body"}"#, extra: #""max_bytes": 30, "#))
         XCTAssertEqual(try settled(engine, fits.id).result?["pages"], 3)
+    }
+
+    /// A later page that crosses the job's budget (`--max-job-bytes`) fails with the budget's words, which name
+    /// the flag to raise, not with those of the fetch's own `max_bytes`.
+    func testAPageThatCrossesTheJobsBudgetSaysSo() throws {
+        let engine = try makeEngine { $0.maxJobBytes = 25 }
+        let job = try submit(engine, page("/pages/link?n=3&per=1", #"{"next": "link", "items": "/body"}"#))
+        let done = try settled(engine, job.id)
+        XCTAssertEqual(done.error?.kind, .tooLarge)
+        let message = done.error?.message ?? ""
+        XCTAssertTrue(message.contains("--max-job-bytes") && !message.contains("takes the pages over"), message)
     }
 
     func testPagesShowWhileRunningAndCancelAbortsThePageInFlight() throws {

@@ -37,6 +37,6 @@ extension JobRun {
         let what = "\(request.method) \(nodes[i].request?["url"]?.stringValue ?? request.url)"
         return FetchOutcome(
             result: .failure(NodeError(.tooLarge, "\(what): \(refused.exceeded)")), attempts: outcome.attempts,
-            lastResponse: nil)
+            lastResponse: nil, crossedBudget: true)
     }
 }

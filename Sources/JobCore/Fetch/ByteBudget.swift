@@ -99,11 +99,4 @@ public final class ByteBudget: Sendable {
             "the responses of all jobs in memory together exceed the server's \(limit) bytes (--max-response-memory; \(usedBytes) bytes held when it was crossed)"
         }
     }
-
-    /// Whether `error` is the failure of a fetch that crossed a job's or the server's budget, not its own
-    /// `max_bytes`.
-    public static func isBudgetFailure(_ error: NodeError) -> Bool {
-        error.kind == .tooLarge
-            && (error.message.contains("(--max-job-bytes;") || error.message.contains("(--max-response-memory;"))
-    }
 }

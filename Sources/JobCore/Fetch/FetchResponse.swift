@@ -86,12 +86,18 @@ public struct FetchOutcome: Sendable {
     public var attempts: Int
     /// The last complete response, also on an `http_status` failure so its body can be kept.
     public var lastResponse: FetchResponse?
+    /// The `too_large` failure is a job's or the server's byte budget crossed (`--max-job-bytes`,
+    /// `--max-response-memory`), not the fetch's own `max_bytes`.
+    public var crossedBudget: Bool
 
     /// Creates an outcome value.
-    public init(result: Result<FetchResponse, NodeError>, attempts: Int, lastResponse: FetchResponse?) {
+    public init(
+        result: Result<FetchResponse, NodeError>, attempts: Int, lastResponse: FetchResponse?, crossedBudget: Bool = false
+    ) {
         self.result = result
         self.attempts = attempts
         self.lastResponse = lastResponse
+        self.crossedBudget = crossedBudget
     }
 }
 

@@ -152,8 +152,8 @@ final class Transfer {
     var status = 0
     /// Why the attempt is over its size limits, once it is.
     var tooLargeReason: String?
-    /// The limit crossed is the server's `--max-response-memory`, which frees as other jobs end.
-    var refusedByServerBudget = false
+    /// The budget whose crossing ended the attempt, if one did (`--max-response-memory` frees as other jobs end).
+    var refusedBy: ByteBudget.Scope?
     var deniedMessage: String?
     /// The current response's header bytes so far, reset by each status line.
     var headerBytes = 0
@@ -186,7 +186,7 @@ final class Transfer {
         headers = []
         status = 0
         tooLargeReason = nil
-        refusedByServerBudget = false
+        refusedBy = nil
         deniedMessage = nil
         headerBytes = 0
         headersEnded = false
@@ -304,7 +304,7 @@ final class Transfer {
 
     private func refuse(_ budget: ByteBudget) {
         tooLargeReason = budget.exceeded
-        refusedByServerBudget = budget.scope == .server
+        refusedBy = budget.scope
     }
 
     /// The largest header section accepted per response (status line excluded).
@@ -801,7 +801,7 @@ final class FetchLoop: @unchecked Sendable {
 
     private func classify(_ code: CURLcode, transfer: Transfer, what: String, detail: String) -> (NodeError, Bool) {
         if let reason = transfer.tooLargeReason {
-            return (NodeError(.tooLarge, "\(what): \(reason)"), transfer.refusedByServerBudget)
+            return (NodeError(.tooLarge, "\(what): \(reason)"), transfer.refusedBy == .server)
         }
         if code == CURLE_FILESIZE_EXCEEDED {
             return (NodeError(.tooLarge, "\(what): \(transfer.bodyTooLarge)"), false)
@@ -887,7 +887,10 @@ final class FetchLoop: @unchecked Sendable {
         let completion = transfer.completion
         transfer.completion = nil
         transfer.onAttempt = nil
-        let finished = FetchOutcome(result: result, attempts: transfer.attempts, lastResponse: transfer.lastResponse)
+        var crossedBudget = false
+        if case .failure(let error) = result, error.kind == .tooLarge { crossedBudget = transfer.refusedBy != nil }
+        let finished = FetchOutcome(
+            result: result, attempts: transfer.attempts, lastResponse: transfer.lastResponse, crossedBudget: crossedBudget)
         // The outcome has the bytes now: a handle kept after the end (a job's, a coalesced transfer's) keeps none.
         transfer.lastResponse = nil
         transfer.body = []

@@ -194,7 +194,7 @@ extension JobRun {
         let response: FetchResponse
         switch outcome.result {
         case .failure(var error):
-            if error.kind == .tooLarge, walk.pages > 0, !ByteBudget.isBudgetFailure(error) {
+            if error.kind == .tooLarge, walk.pages > 0, !outcome.crossedBudget {
                 error.message = "\(walk.first.method) \(walk.first.url): page \(walk.pages + 1) takes the pages over "
                     + "\(walk.budget) bytes together (max_bytes bounds the sum of all pages; \(walk.bytes) bytes before it)"
             }
