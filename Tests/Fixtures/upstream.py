@@ -97,7 +97,11 @@ Endpoints (any method unless noted; HEAD answers like GET without a body):
                          "disconnects":[{"path":p,"at":epoch seconds}],
                          "spans":{key:[{"tag":T,"start":s,"end":s}]} in
                          order of arrival, epoch seconds,
-                         "arrivals":{key:[epoch seconds]}}
+                         "arrivals":{key:[epoch seconds]},
+                         "generation":n} where n grows at every change;
+                         ?after=N&wait=S answers once generation exceeds N,
+                         or after S seconds (at most 30): a test awaits a
+                         change instead of polling
   POST /stats/reset      resets everything above; 200 {"reset":true}
 /stats and /stats/reset are not counted in requests/active.
 """
@@ -166,11 +170,29 @@ def proc_table_inode(peer, own):
     return None
 
 
-class Stats:
-    """Counters shared by all handler threads, guarded by one lock."""
+class Changes:
+    """The lock around the counters: each time it is left, the counters changed, so the generation grows and the
+    long-polls of GET /stats?after=N look again."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        self.condition = threading.Condition()
+        self.generation = 0
+
+    def __enter__(self):
+        self.condition.acquire()
+
+    def __exit__(self, *exc):
+        self.generation += 1
+        self.condition.notify_all()
+        self.condition.release()
+        return False
+
+
+class Stats:
+    """Counters shared by all handler threads, guarded by one lock; every change under it is counted."""
+
+    def __init__(self):
+        self.lock = Changes()
         self.reset()
 
     def reset(self):
@@ -199,9 +221,16 @@ class Stats:
             self.active -= 1
             self.active_by_prefix[prefix] = self.active_by_prefix.get(prefix, 1) - 1
 
+    def wait_for_change(self, after, seconds):
+        """Returns once the counters changed since generation `after`, or after `seconds`."""
+        with self.lock.condition:
+            self.lock.condition.wait_for(lambda: self.lock.generation > after, timeout=seconds)
+
     def snapshot(self):
-        with self.lock:
+        # Reading is not a change: the condition's own lock, which wakes nobody.
+        with self.lock.condition:
             return {
+                "generation": self.lock.generation,
                 "counters": dict(self.counters),
                 "requests": self.requests,
                 "connections": self.connections,
@@ -392,6 +421,8 @@ class Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         if path == "/stats":
             self.read_body()
+            if "after" in query:
+                STATS.wait_for_change(int(query["after"]), min(float(query.get("wait", "5")), 30.0))
             self.send_json(200, STATS.snapshot())
             return
         if path == "/stats/reset":

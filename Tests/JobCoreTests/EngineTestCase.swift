@@ -98,8 +98,6 @@ class EngineTestCase: XCTestCase {
         }
     }
 
-    /// Submits the job `body` (the JSON of `POST /v1/jobs`), with an idempotency `key` if given; the job created,
-    /// or the one `key` already named.
     /// Waits (at most `seconds`) until the job is settled and every node of it too; the record as the engine had
     /// it then.
     func settled(_ engine: Engine, _ id: String, seconds: Double = 15) throws -> JobRecord {
@@ -113,6 +111,27 @@ class EngineTestCase: XCTestCase {
         throw UpstreamError("job \(id) did not settle within \(seconds) s")
     }
 
+    /// Waits (at most `seconds`) until `condition` holds, looking again each time job `id` changes: the engine's
+    /// long-poll on its version, which every change of a node's state moves (API.md §1), never a set interval.
+    /// `condition` is about the job as the engine shows it, not as stored (the store follows later).
+    /// - Returns: whether it held in time (for a job that does not exist: whether it holds now).
+    func untilJob(_ engine: Engine, _ id: String, seconds: Double = 10, _ condition: () throws -> Bool) throws -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while true {
+            // The version is read before the condition: a change between the two ends the wait at once.
+            guard let version = try engine.job(id: id)?.version else { return try condition() }
+            if try condition() { return true }
+            let left = Int(deadline.timeIntervalSinceNow * 1000)
+            if left <= 0 { return false }
+            // Within `answer`'s own 10 s.
+            _ = try engine.answer("a change of job \(id)") { done in
+                _ = engine.waitForChange(id: id, afterVersion: version, timeoutMs: min(left, 5000)) { done($0 != nil) }
+            }
+        }
+    }
+
+    /// Submits the job `body` (the JSON of `POST /v1/jobs`), with an idempotency `key` if given; the job created,
+    /// or the one `key` already named.
     func submit(_ engine: Engine, _ body: String, key: String? = nil) throws -> JobRecord {
         let json = try JSONValue.parse(body)
         let spec = try JobSpec.parse(json)

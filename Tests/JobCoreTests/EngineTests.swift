@@ -22,12 +22,12 @@ class EngineTests: EngineTestCase {
         try engine.answer("cancel of \(id)") { done in engine.cancel(id: id) { done($0) } }.get()
     }
 
-    /// Polls (at most `seconds`) until `condition` holds for the job's nodes.
+    /// Waits (at most `seconds`) until `condition` holds for the job's nodes, looking at each change of the job.
     func waitForNodes(
-        _ engine: Engine, _ id: String, seconds: Double = 5, _ condition: ([String: NodeRecord]) -> Bool
+        _ engine: Engine, _ id: String, seconds: Double = 10, _ condition: ([String: NodeRecord]) -> Bool
     ) throws -> [String: NodeRecord] {
         var current: [String: NodeRecord] = [:]
-        if try TestSupport.eventually(seconds, {
+        if try untilJob(engine, id, seconds: seconds, {
             current = try nodes(engine, id)
             return condition(current)
         }) {
@@ -212,7 +212,7 @@ class EngineTests: EngineTestCase {
         // sharing a database, whose slots are taken in the store, three only.
         var most = 0
         XCTAssertTrue(
-            try TestSupport.eventually(30) {
+            try untilJob(engine, job.id, seconds: 30) {
                 let nodes = try engine.nodes(jobID: job.id, includeResults: false) ?? []
                 most = max(most, nodes.filter { $0.id != "root" && $0.state == .running }.count)
                 return try engine.job(id: job.id)?.state.isSettled == true
@@ -688,10 +688,15 @@ class EngineTests: EngineTestCase {
 
     // MARK: -
 
-    func waitForDisconnect(path: String, seconds: Double = 3) throws -> Bool {
-        try TestSupport.eventually(seconds) {
-            let list = try upstream.stats()["disconnects"]?.arrayValue ?? []
-            return list.contains(where: { $0["path"]?.stringValue?.hasPrefix(path) == true })
+    func waitForDisconnect(path: String, seconds: Double = 10) throws -> Bool {
+        do {
+            try upstream.waitForStats("a disconnect from \(path)", seconds: seconds) { stats in
+                let list = stats["disconnects"]?.arrayValue ?? []
+                return list.contains(where: { $0["path"]?.stringValue?.hasPrefix(path) == true })
+            }
+            return true
+        } catch is UpstreamError {
+            return false
         }
     }
 }

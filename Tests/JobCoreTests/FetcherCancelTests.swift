@@ -6,9 +6,7 @@ import XCTest
 /// Cancellation reaches transfers in flight at once.
 final class FetcherCancelTests: FetcherTestCase {
     private func waitForActive(_ n: Int) throws {
-        guard try TestSupport.eventually(5, { try upstream.stats()["active"]?.intValue == n }) else {
-            throw UpstreamError("upstream never had \(n) requests in flight")
-        }
+        try upstream.waitForStats("\(n) requests in flight") { $0["active"]?.intValue == n }
     }
 
     func testCancelAbortsTransferInFlightAndClosesItsConnection() throws {
@@ -20,12 +18,8 @@ final class FetcherCancelTests: FetcherTestCase {
         let outcome = try XCTUnwrap(box.wait(seconds: 2))
         XCTAssertEqual(outcome.error?.kind, .cancelled)
         XCTAssertEqual(outcome.attempts, 1)
-        var disconnects: [JSONValue] = []
-        _ = try TestSupport.eventually(2) {
-            disconnects = try upstream.stats()["disconnects"]?.arrayValue ?? []
-            return !disconnects.isEmpty
-        }
-        let record = try XCTUnwrap(disconnects.first)
+        let stats = try upstream.waitForStats("the disconnect") { $0["disconnects"]?.arrayValue?.isEmpty == false }
+        let record = try XCTUnwrap(stats["disconnects"]?.arrayValue?.first)
         XCTAssertEqual(record["path"], "/hang", "a request that never ends by itself was closed")
         XCTAssertEqual(fetcher.inFlight, 0)
     }

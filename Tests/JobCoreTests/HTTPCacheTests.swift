@@ -131,7 +131,7 @@ final class HTTPCacheEngineTests: EngineTestCase {
             }
             ids.append(job.id)
         }
-        _ = try TestSupport.eventually(10) { try ids.allSatisfy { try engine.job(id: $0)?.state.isSettled == true } }
+        for id in ids { _ = try settled(engine, id) }
         for id in ids {
             let job = try XCTUnwrap(engine.job(id: id))
             XCTAssertEqual(job.state, .succeeded)
@@ -149,7 +149,7 @@ final class HTTPCacheEngineTests: EngineTestCase {
             let json = try JSONValue.parse(#"{"graph":{"type":"fetch","url":\#(u("/cache/off?cc=max-age=60"))}}"#)
             _ = try engine.submit(try JobSpec.parse(json), request: json, idempotencyKey: nil)
         }
-        _ = try TestSupport.eventually(10) { try requests("off") >= 2 }
+        try upstream.waitForStats("two requests for /cache/off") { ($0["counters"]?["off"]?.intValue ?? 0) >= 2 }
         XCTAssertEqual(try requests("off"), 2)
         XCTAssertEqual(try engine.metricsNow.transfer.cacheEntries, 0)
     }

@@ -293,7 +293,7 @@ class MapEngineTests: EngineTestCase {
     func testCancellingReachesTheCopies() throws {
         let engine = try makeEngine()
         let job = try submit(engine, idsThenUsers(4, mapFields: #", "concurrency": 2"#, userQuery: #""delay_ms": "5000""#))
-        _ = try TestSupport.eventually(10) { try self.nodes(engine, job.id)["users.0"]?.state == .running }
+        _ = try untilJob(engine, job.id) { try self.nodes(engine, job.id)["users.0"]?.state == .running }
         _ = try engine.answer("cancel") { done in engine.cancel(id: job.id) { done($0) } }.get()
         let done = try settled(engine, job.id)
         XCTAssertEqual(done.state, .cancelled)
@@ -324,7 +324,7 @@ class MapEngineTests: EngineTestCase {
         var engine = try makeEngine()
         let job = try submit(engine, body)
         var settledBefore: [String] = []
-        _ = try TestSupport.eventually(10) {
+        _ = try untilJob(engine, job.id) {
             settledBefore = try self.nodes(engine, job.id).values.filter { $0.id.hasPrefix("users.") && $0.state == .succeeded }.map(\.id)
             return settledBefore.count >= 2
         }

@@ -14,10 +14,10 @@ class PaginateEngineTests: EngineTestCase {
         }
     }
 
-    /// Polls (at most 10 s) until `condition` holds for the root node.
+    /// Waits (at most 10 s) until `condition` holds for the root node, looking at each change of the job.
     private func waitForRoot(_ engine: Engine, _ id: String, _ condition: (NodeRecord) -> Bool) throws -> NodeRecord {
         var root: NodeRecord?
-        _ = try TestSupport.eventually(10) {
+        _ = try untilJob(engine, id) {
             root = try engine.nodes(jobID: id, includeResults: false)?.first.flatMap { condition($0) ? $0 : nil }
             return root != nil
         }
@@ -174,7 +174,7 @@ class PaginateEngineTests: EngineTestCase {
         _ = try engine.answer("cancel") { done in engine.cancel(id: job.id) { done($0) } }
         let done = try settled(engine, job.id)
         XCTAssertEqual(done.state, .cancelled)
-        _ = try TestSupport.eventually(5) { try upstream.stats()["disconnects"]?.arrayValue?.isEmpty == false }
+        try upstream.waitForStats("the upstream seeing the disconnect") { $0["disconnects"]?.arrayValue?.isEmpty == false }
         XCTAssertEqual(try upstream.stats()["disconnects"]?.arrayValue?.count, 1, "page 2 was aborted upstream")
         XCTAssertEqual(try counter("c:3"), 0)
     }

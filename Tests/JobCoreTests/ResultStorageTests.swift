@@ -208,7 +208,7 @@ class ResultStorageTests: EngineTestCase {
               {"type":"fetch","url":\(u("/delay/800"))},
               {"type":"fetch","method":"POST","url":\(u("/echo")),"json":{"$ref":"/nodes/a/result/0/body"}}]}}
             """)
-        _ = try TestSupport.eventually(10) { try first.node(jobID: job.id, nodeID: "root.1")?.state == .running }
+        _ = try untilJob(first, job.id) { try first.node(jobID: job.id, nodeID: "root.1")?.state == .running }
         let before = try XCTUnwrap(try first.node(jobID: job.id, nodeID: "a"))
         XCTAssertEqual(before.state, .succeeded)
         first.shutdown(gracePeriodMs: 2000)

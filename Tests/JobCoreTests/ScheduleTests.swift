@@ -178,7 +178,7 @@ class ScheduleTests: EngineTestCase {
         let first = try makeEngine()
         let a = try submit(first, #"{"concurrency_key": "r", "graph": {"type": "fetch", "url": \#(u("/delay/300"))}}"#)
         let b = try submit(first, #"{"concurrency_key": "r", "graph": {"type": "fetch", "url": \#(u("/delay/300"))}}"#)
-        _ = try TestSupport.eventually(5) { try first.job(id: a.id)?.state == .running }
+        _ = try untilJob(first, a.id) { try first.job(id: a.id)?.state == .running }
         first.shutdown(gracePeriodMs: 2000)
         let second = try makeEngine()
         let doneA = try settled(second, a.id)

@@ -141,9 +141,7 @@ final class TransferEngineTests: EngineTestCase {
         for id in ids {
             _ = try engine.answer("cancel") { done in engine.cancel(id: id) { done($0) } }
         }
-        try eventually("the upstream seeing the disconnect") {
-            try upstream.stats()["disconnects"]?.arrayValue?.count == 1
-        }
+        try upstream.waitForStats("the upstream seeing the disconnect") { $0["disconnects"]?.arrayValue?.count == 1 }
         for id in ids { XCTAssertEqual(try settledJob(engine, id).state, .cancelled) }
     }
 }

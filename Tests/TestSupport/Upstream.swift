@@ -128,6 +128,30 @@ public final class Upstream: @unchecked Sendable {
         }
     }
 
+    /// Waits (at most `seconds`) until `condition` holds of `GET /stats`, looking again each time the fixture's
+    /// counters change (a long-poll on their `generation`), never after a set interval.
+    /// - Returns: the stats that satisfied `condition`.
+    /// - Throws: `UpstreamError` naming `what` if it does not hold in time, or if the fixture does not answer.
+    @discardableResult
+    public func waitForStats(
+        _ what: String, seconds: Double = 10, _ condition: (JSONValue) throws -> Bool
+    ) throws -> JSONValue {
+        let deadline = Date().addingTimeInterval(seconds)
+        var stats = try self.stats()
+        while true {
+            if try condition(stats) { return stats }
+            let left = deadline.timeIntervalSinceNow
+            guard left > 0, let generation = stats["generation"]?.intValue else {
+                throw UpstreamError("\(what) did not happen within \(seconds) s")
+            }
+            // Each wait stays well inside the request's own 5 s receive timeout.
+            let wait = String(format: "%.3f", min(left, 3))
+            let (status, body) = try Upstream.request(port: port, method: "GET", path: "/stats?after=\(generation)&wait=\(wait)")
+            guard status == 200 else { throw UpstreamError("GET /stats answered \(status)") }
+            stats = try JSONValue.parse(body)
+        }
+    }
+
     /// `POST /stats/reset`: zeroes counters, totals and the disconnect record.
     /// - Throws: `UpstreamError` if the fixture does not answer 200.
     public func resetStats() throws {
