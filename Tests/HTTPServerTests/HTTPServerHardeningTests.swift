@@ -315,14 +315,24 @@ func residentBytes() -> Int? {
 /// A count shared between handlers and the test, with a flag for "done".
 final class Counter: Sendable {
     private let state = Locked((value: 0, finished: false))
+    /// Signalled by the first `finish()`; each wait that takes it gives it back for the next.
+    private let finished = DispatchSemaphore(value: 0)
 
     func increment() { add(1) }
     func add(_ n: Int) { state.withLock { $0.value += n } }
-    func finish() { state.withLock { $0.finished = true } }
+    func finish() {
+        let first = state.withLock { state -> Bool in
+            defer { state.finished = true }
+            return !state.finished
+        }
+        if first { finished.signal() }
+    }
     var value: Int { state.withLock { $0.value } }
 
-    /// Polls for `finish()`, at most `seconds`.
+    /// Waits (at most `seconds`) for `finish()`.
     func waitUntilFinished(seconds: Double) -> Bool {
-        TestSupport.eventually(seconds) { state.withLock { $0.finished } }
+        guard finished.wait(timeout: .now() + seconds) == .success else { return false }
+        finished.signal()
+        return true
     }
 }

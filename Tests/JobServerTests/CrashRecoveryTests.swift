@@ -49,10 +49,14 @@ final class CrashRecoveryTests: XCTestCase {
         XCTAssertEqual(post.status, 201)
         let postID = try XCTUnwrap(post.body["id"]?.stringValue)
 
-        // Kill in the middle of the big job: once part of it has settled, and before all of it has.
-        _ = try TestSupport.eventually(15) {
-            let progress = try Curl.json("GET", api + "/v1/jobs/\(accepted[0])").body["progress"]
-            return (progress?["succeeded"]?.intValue ?? 0) >= 20
+        // Kill in the middle of the big job: once part of it has settled, and before all of it has. Each look after
+        // the first is the job's long-poll for a version past the last one seen, so it follows a change.
+        var since: Int?
+        let deadline = Date().addingTimeInterval(15)
+        while Date() < deadline {
+            let job = try Curl.json("GET", api + "/v1/jobs/\(accepted[0])" + (since.map { "?since=\($0)&wait=5" } ?? "")).body
+            if (job["progress"]?["succeeded"]?.intValue ?? 0) >= 20 { break }
+            since = job["version"]?.intValue
         }
         // What had settled before the kill must not run again.
         var settledBefore: [String: Set<String>] = [:]
@@ -202,23 +206,19 @@ struct JobServerProcess {
             .deletingLastPathComponent().appendingPathComponent(".build/debug/jobserver").path
     }()
 
-    /// Starts the server and waits (at most 15 s) until `/healthz` answers.
+    /// Starts the server on a port of its choosing and waits (at most 15 s) for the log line that says it listens.
     static func start(db: String, extraArguments: [String] = []) throws -> JobServerProcess {
-        let port = try freePort()
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binaryPath)
-        process.arguments = ["serve", "--host", "127.0.0.1", "--port", String(port), "--db", db] + extraArguments
+        process.arguments = ["serve", "--host", "127.0.0.1", "--port", "0", "--db", db] + extraArguments
         process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
+        let log = Pipe()
+        process.standardError = log
+        let reader = PipeReader(log)
         try process.run()
-        var healthy = false
-        _ = TestSupport.eventually(15) {
-            healthy = (try? Curl.json("GET", "http://127.0.0.1:\(port)/healthz"))?.status == 200
-            return healthy || !process.isRunning
-        }
-        if healthy { return JobServerProcess(process: process, port: port) }
+        if let port = reader.waitForListeningPort(15) { return JobServerProcess(process: process, port: port) }
         process.terminate()
-        throw UpstreamError("jobserver did not answer /healthz on port \(port)")
+        throw UpstreamError("jobserver did not say it listens: \(reader.text.suffix(2000))")
     }
 
     /// SIGTERM, then wait for the exit.
@@ -226,25 +226,6 @@ struct JobServerProcess {
         guard process.isRunning else { return }
         process.terminate()
         process.waitUntilExit()
-    }
-
-    static func freePort() throws -> Int {
-        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        guard fd >= 0 else { throw UpstreamError("socket() failed") }
-        defer { close(fd) }
-        var addr = sockaddr_in()
-        addr.sin_family = sa_family_t(AF_INET)
-        addr.sin_addr.s_addr = inet_addr("127.0.0.1")
-        addr.sin_port = 0
-        let bound = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
-        }
-        guard bound == 0 else { throw UpstreamError("bind() failed") }
-        var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
-        }
-        return Int(UInt16(bigEndian: addr.sin_port))
     }
 }
 

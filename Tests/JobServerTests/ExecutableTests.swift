@@ -16,35 +16,6 @@ final class ExecutableTests: XCTestCase {
     }
 
     /// Collects a pipe's bytes on a thread of its own.
-    private final class PipeReader: @unchecked Sendable {
-        // @unchecked: `data` is read and written only with `lock` held; the other properties are constants.
-        private let lock = NSLock()
-        private var data = Data()
-        private let done = DispatchSemaphore(value: 0)
-
-        init(_ pipe: Pipe) {
-            let handle = pipe.fileHandleForReading
-            Thread { [self] in
-                while true {
-                    let chunk = handle.availableData
-                    if chunk.isEmpty { break }
-                    lock.lock()
-                    data.append(chunk)
-                    lock.unlock()
-                }
-                done.signal()
-            }.start()
-        }
-
-        var text: String {
-            lock.lock()
-            defer { lock.unlock() }
-            return String(decoding: data, as: UTF8.self)
-        }
-
-        func waitForEnd(_ seconds: Double) -> Bool { done.wait(timeout: .now() + seconds) == .success }
-    }
-
     private func run(_ arguments: [String], environment: [String: String] = [:]) throws
         -> (Process, PipeReader, PipeReader)
     {
@@ -64,17 +35,20 @@ final class ExecutableTests: XCTestCase {
         return (process, outReader, errReader)
     }
 
-    private func waitForExit(_ process: Process, seconds: Double) -> Bool {
-        guard TestSupport.eventually(seconds, { !process.isRunning }) else { return false }
-        // Returns at once now. Foundation's Process stays on this thread's run loop, which holds it (and its
-        // pipes) in a cycle, until waitUntilExit takes it off.
+    /// Waits (at most `seconds`) for the child to exit: both its output pipes end when it does (nothing else holds
+    /// them), then `waitUntilExit` collects it.
+    private func waitForExit(_ process: Process, _ out: PipeReader, _ err: PipeReader, seconds: Double) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        guard out.waitForEnd(seconds), err.waitForEnd(max(0, deadline.timeIntervalSinceNow)) else { return false }
+        // Foundation's Process also stays on this thread's run loop, which holds it (and its pipes) in a cycle,
+        // until waitUntilExit takes it off.
         process.waitUntilExit()
         return true
     }
 
     func testBadFlagExits2WithTheReasonOnStderr() throws {
         let (process, out, err) = try run(["serve", "--port", "99999"])
-        XCTAssertTrue(waitForExit(process, seconds: 10))
+        XCTAssertTrue(waitForExit(process, out, err, seconds: 10))
         XCTAssertEqual(process.terminationStatus, 2)
         XCTAssertTrue(err.waitForEnd(5))
         XCTAssertTrue(err.text.contains("--port"), err.text)
@@ -83,16 +57,16 @@ final class ExecutableTests: XCTestCase {
     }
 
     func testBadEnvironmentValueExits2() throws {
-        let (process, _, err) = try run([], environment: ["JOBSERVER_RETENTION": "forever"])
-        XCTAssertTrue(waitForExit(process, seconds: 10))
+        let (process, out, err) = try run([], environment: ["JOBSERVER_RETENTION": "forever"])
+        XCTAssertTrue(waitForExit(process, out, err, seconds: 10))
         XCTAssertEqual(process.terminationStatus, 2)
         XCTAssertTrue(err.waitForEnd(5))
         XCTAssertTrue(err.text.contains("JOBSERVER_RETENTION"), err.text)
     }
 
     func testHelpPrintsUsageAndExits0() throws {
-        let (process, out, _) = try run(["--help"])
-        XCTAssertTrue(waitForExit(process, seconds: 10))
+        let (process, out, err) = try run(["--help"])
+        XCTAssertTrue(waitForExit(process, out, err, seconds: 10))
         XCTAssertEqual(process.terminationStatus, 0)
         XCTAssertTrue(out.waitForEnd(5))
         XCTAssertTrue(out.text.contains("--shutdown-grace"), out.text)
@@ -104,20 +78,11 @@ final class ExecutableTests: XCTestCase {
         let (process, out, err) = try run(
             ["serve", "--host", "127.0.0.1", "--port", "0", "--shutdown-grace", "3s"],
             environment: ["JOBSERVER_DB": dir.appendingPathComponent("db/jobs.sqlite").path])
-        var port: Int?
-        _ = TestSupport.eventually(15) {
-            for line in err.text.split(separator: "\n") {
-                if let json = try? JSONValue.parse(String(line)), json["msg"] == "listening" {
-                    port = json["port"]?.intValue
-                }
-            }
-            return port != nil || !process.isRunning
-        }
-        let bound = try XCTUnwrap(port, "no listening line: \(err.text)")
+        let bound = try XCTUnwrap(err.waitForListeningPort(15), "no listening line: \(err.text)")
         XCTAssertEqual(try RawHTTPClient.send(port: bound, "GET", "/healthz").status, 200)
 
         kill(process.processIdentifier, SIGTERM)
-        XCTAssertTrue(waitForExit(process, seconds: 10), "still running 10 s after SIGTERM")
+        XCTAssertTrue(waitForExit(process, out, err, seconds: 10), "still running 10 s after SIGTERM")
         XCTAssertEqual(process.terminationReason, .exit)
         XCTAssertEqual(process.terminationStatus, 0)
         XCTAssertTrue(out.waitForEnd(5))
