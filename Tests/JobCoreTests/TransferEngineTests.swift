@@ -16,27 +16,6 @@ final class TransferEngineTests: EngineTestCase {
         }
     }
 
-    /// Polls (at most `seconds`) until the job is settled.
-    func settledJob(_ engine: Engine, _ id: String, seconds: Double = 20) throws -> JobRecord {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if let job = try engine.job(id: id), job.state.isSettled, job.progress.pending + job.progress.running == 0 {
-                return job
-            }
-            let done = DispatchSemaphore(value: 0)
-            _ = engine.waitForChange(id: id, afterVersion: try engine.job(id: id)?.version, timeoutMs: 200) { _ in done.signal() }
-            done.wait()
-        }
-        throw UpstreamError("job \(id) did not settle within \(seconds) s")
-    }
-
-    /// Polls (at most `seconds`) until `condition` holds.
-    func eventually(_ what: String, seconds: Double = 10, _ condition: () throws -> Bool) throws {
-        guard try TestSupport.eventually(seconds, condition) else {
-            throw UpstreamError("\(what) did not happen within \(seconds) s")
-        }
-    }
-
     // MARK: - --host-rate
 
     func testHostRateSpacesStartsOverAllJobs() throws {
@@ -47,7 +26,7 @@ final class TransferEngineTests: EngineTestCase {
                 .joined(separator: ",")
             ids.append(try submitJob(engine, #"{"type":"list","children":[\#(children)]}"#).id)
         }
-        for id in ids { XCTAssertEqual(try settledJob(engine, id).state, .succeeded) }
+        for id in ids { XCTAssertEqual(try settled(engine, id).state, .succeeded) }
         let arrivals = (try upstream.stats()["arrivals"]?.objectValue ?? [])
             .flatMap { $0.value.arrayValue ?? [] }.compactMap(\.doubleValue).sorted()
         XCTAssertEqual(arrivals.count, 30)
@@ -63,10 +42,10 @@ final class TransferEngineTests: EngineTestCase {
     func testRateWaitCountsInTheNodesTimeout() throws {
         let engine = try makeEngine { $0.hostRates = [HostRate(host: "*", perSecond: 0.2)] }
         let first = try submitJob(engine, #"{"type":"fetch","url":\#(u("/json"))}"#)
-        XCTAssertEqual(try settledJob(engine, first.id).state, .succeeded)
+        XCTAssertEqual(try settled(engine, first.id).state, .succeeded)
         // The next start to this host is about 5 s away: a 100 ms timeout passes while it waits.
         let second = try submitJob(engine, #"{"type":"fetch","url":\#(u("/json")),"timeout_ms":100}"#)
-        let job = try settledJob(engine, second.id)
+        let job = try settled(engine, second.id)
         XCTAssertEqual(job.state, .failed)
         XCTAssertEqual(job.error?.kind, .timeout)
     }
@@ -79,9 +58,14 @@ final class TransferEngineTests: EngineTestCase {
         for _ in 0..<count {
             ids.append(try submitJob(engine, #"{"type":"fetch","url":\#(u(url)),"coalesce":true}"#).id)
         }
-        try eventually("\(count - 1) fetches joining the first") {
-            try engine.metricsNow.transfer.coalescedFetches == count - 1
+        // A fetch joins the transfer in flight (or starts it) in the turn that marks it running: once every one has
+        // left pending, the count is final.
+        for id in ids {
+            let began = try untilJob(engine, id) { try engine.node(jobID: id, nodeID: "root")?.state != .pending }
+            if !began { throw UpstreamError("the fetch of job \(id) never began") }
         }
+        let joined = try engine.metricsNow.transfer.coalescedFetches
+        if joined != count - 1 { throw UpstreamError("\(joined) fetches joined the first, not \(count - 1)") }
         return ids
     }
 
@@ -90,7 +74,7 @@ final class TransferEngineTests: EngineTestCase {
         let ids = try coalescedJobs(engine, "/count/shared?delay_ms=800", count: 8)
         var joined = 0
         for id in ids {
-            let job = try settledJob(engine, id)
+            let job = try settled(engine, id)
             XCTAssertEqual(job.state, .succeeded)
             XCTAssertEqual(job.result?["body"]?["count"], 1)
             if job.result?["coalesced"] == .bool(true) { joined += 1 } else { XCTAssertEqual(job.result?["coalesced"], .bool(false)) }
@@ -106,7 +90,7 @@ final class TransferEngineTests: EngineTestCase {
         let count = 5000
         let child = #"{"type":"fetch","url":\#(u("/count/row?delay_ms=500")),"coalesce":true}"#
         let job = try submitJob(engine, #"{"type":"list","children":[\#(Array(repeating: child, count: count).joined(separator: ","))]}"#)
-        let settled = try settledJob(engine, job.id)
+        let settled = try settled(engine, job.id)
         XCTAssertEqual(settled.state, .succeeded)
         XCTAssertEqual(settled.result?.arrayValue?.count, count)
         XCTAssertEqual(try upstream.stats()["counters"]?["row"]?.intValue, 1)
@@ -117,8 +101,8 @@ final class TransferEngineTests: EngineTestCase {
         let engine = try makeEngine()
         let a = try submitJob(engine, #"{"type":"fetch","url":\#(u("/count/h?delay_ms=300")),"coalesce":true,"headers":{"X-A":"1"}}"#)
         let b = try submitJob(engine, #"{"type":"fetch","url":\#(u("/count/h?delay_ms=300")),"coalesce":true,"headers":{"X-A":"2"}}"#)
-        XCTAssertEqual(try settledJob(engine, a.id).state, .succeeded)
-        XCTAssertEqual(try settledJob(engine, b.id).state, .succeeded)
+        XCTAssertEqual(try settled(engine, a.id).state, .succeeded)
+        XCTAssertEqual(try settled(engine, b.id).state, .succeeded)
         XCTAssertEqual(try upstream.stats()["counters"]?["h"]?.intValue, 2)
     }
 
@@ -128,11 +112,11 @@ final class TransferEngineTests: EngineTestCase {
         for id in ids.dropLast() {
             _ = try engine.answer("cancel") { done in engine.cancel(id: id) { done($0) } }
         }
-        let last = try settledJob(engine, ids[3])
+        let last = try settled(engine, ids[3])
         XCTAssertEqual(last.state, .succeeded)
         XCTAssertEqual(last.result?["body"]?["count"], 1)
         XCTAssertEqual(try upstream.stats()["disconnects"]?.arrayValue?.count, 0)
-        for id in ids.dropLast() { XCTAssertEqual(try settledJob(engine, id).state, .cancelled) }
+        for id in ids.dropLast() { XCTAssertEqual(try settled(engine, id).state, .cancelled) }
     }
 
     func testCancellingEverySharerAbortsTheTransfer() throws {
@@ -142,7 +126,7 @@ final class TransferEngineTests: EngineTestCase {
             _ = try engine.answer("cancel") { done in engine.cancel(id: id) { done($0) } }
         }
         try upstream.waitForStats("the upstream seeing the disconnect") { $0["disconnects"]?.arrayValue?.count == 1 }
-        for id in ids { XCTAssertEqual(try settledJob(engine, id).state, .cancelled) }
+        for id in ids { XCTAssertEqual(try settled(engine, id).state, .cancelled) }
     }
 }
 

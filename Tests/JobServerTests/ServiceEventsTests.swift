@@ -68,27 +68,21 @@ final class ServiceEventsTests: XCTestCase {
 
     func testShutdownEndsTheStreamWithTheJobAsItIs() throws {
         let id = try submitHangingJob()
-        let output = Box<String>("")
-        let done = expectation(description: "curl ended")
-        let port = self.port
-        Thread {
-            output.value = (try? Self.curl(["-sN", "--max-time", "20", "http://127.0.0.1:\(port)/v1/jobs/\(id)/events"])) ?? ""
-            done.fulfill()
-        }.start()
-        // Once the stream is open, stop the server.
-        _ = TestSupport.eventually(10) { (service?.app.eventStreams.count ?? 0) > 0 }
+        let curl = Process()
+        curl.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        curl.arguments = ["curl", "-sN", "--max-time", "20", "http://127.0.0.1:\(port)/v1/jobs/\(id)/events"]
+        let pipe = Pipe()
+        curl.standardOutput = pipe
+        let output = PipeReader(pipe)
+        try curl.run()
+        // Once the stream is open (its first event arrived), stop the server.
+        XCTAssertTrue(output.waitForText(10) { $0.contains("event: job") }, output.text)
         XCTAssertEqual(service?.app.eventStreams.count, 1)
         service?.shutdown()
         service = nil
-        wait(for: [done], timeout: 15)
-        let events = output.value.components(separatedBy: "\n\n").filter { $0.hasPrefix("event: job") }
-        XCTAssertEqual(events.count, 2, output.value)
+        XCTAssertTrue(output.waitForEnd(15), "the stream did not end with the server")
+        curl.waitUntilExit()
+        let events = output.text.components(separatedBy: "\n\n").filter { $0.hasPrefix("event: job") }
+        XCTAssertEqual(events.count, 2, output.text)
     }
-}
-
-private final class Box<T>: @unchecked Sendable {
-    // @unchecked: the thread that sets `value` fulfils an expectation after it, and the test reads `value` only
-    // once it has waited for that expectation.
-    var value: T
-    init(_ value: T) { self.value = value }
 }
