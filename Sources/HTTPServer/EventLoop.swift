@@ -62,6 +62,7 @@ struct LoopSettings {
     var timeouts: ConnectionStateMachine.Timeouts
     var maxConnections: Int
     var onResponse: (@Sendable (String?, String, Int, UInt64) -> Void)?
+    var onWriteBlocked: (@Sendable () -> Void)?
     var router: Router
 }
 
@@ -575,8 +576,15 @@ final class EventLoop: @unchecked Sendable {
         switch outcome {
         case .failed:
             close(connection)
-        case .wouldBlock, .budgetSpent:
-            break
+        case .wouldBlock:
+            settings.onWriteBlocked?()
+        case .budgetSpent:
+            // Usually the socket has room left and the rest goes out on the next turn; but it may be full as well,
+            // as a client that does not read leaves it for good. Only an observer needs to know which.
+            if let onWriteBlocked = settings.onWriteBlocked {
+                var entry = pollfd(fd: connection.fd, events: Int16(POLLOUT), revents: 0)
+                if poll(&entry, 1, 0) == 0 { onWriteBlocked() }
+            }
         case .drained:
             perform(connection.machine.event(.outputDrained(now: now)), on: connection)
         }

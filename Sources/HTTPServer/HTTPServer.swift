@@ -27,9 +27,13 @@ public struct HTTPServerConfiguration: Sendable {
     /// Connections above this count are closed as soon as they are accepted (the budget is split evenly
     /// across the event loops, each of which accepts on its own socket).
     public var maxConnections = 10_000
-    /// Called after each response is written: route pattern (or nil when unmatched), method, status, duration in ns.
-    /// Runs on an event loop: keep it short.
+    /// Called as each response is queued on its connection, before its first byte is written: route pattern (or nil
+    /// when unmatched), method, status, duration in ns. Runs on an event loop: keep it short.
     public var onResponse: (@Sendable (String?, String, Int, UInt64) -> Void)? = nil
+    /// Called when a connection's answers wait for its client to read: the socket's buffer is full and the rest
+    /// waits. The connection reads no further requests until its output drains, so with a client that never
+    /// reads, this is when the connection stops for good. Runs on an event loop: keep it short.
+    public var onWriteBlocked: (@Sendable () -> Void)? = nil
 
     /// The defaults.
     public init() {}
@@ -99,6 +103,7 @@ public final class HTTPServer: @unchecked Sendable {
                     idle: UInt64(max(0.001, configuration.idleTimeoutSeconds) * 1000)),
                 maxConnections: (configuration.maxConnections + count - 1) / count,
                 onResponse: configuration.onResponse,
+                onWriteBlocked: configuration.onWriteBlocked,
                 router: router)
             var created: [EventLoop] = []
             for fd in sockets {
