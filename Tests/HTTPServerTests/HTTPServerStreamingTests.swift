@@ -54,13 +54,18 @@ final class HTTPServerStreamingTests: XCTestCase {
         XCTAssertEqual(result.stdout, (0..<5).map { "tick \($0)\n" }.joined())
     }
 
-    func testHTTP10StreamEndsWithTheConnection() throws {
-        let server = try TestServer()
-        defer { server.stop() }
+    /// A client that asked for `/pending` over HTTP/1.0, and the stream that answers it.
+    private func http10Stream(_ server: TestServer) throws -> (RawClient, HTTPStream) {
         let client = try RawClient(port: server.port)
         try client.send("GET /pending HTTP/1.0\r\n\r\n")
         let responder = try XCTUnwrap(server.pending.take())
-        let stream = responder.startStream(eventStream)
+        return (client, responder.startStream(eventStream))
+    }
+
+    func testHTTP10StreamEndsWithTheConnection() throws {
+        let server = try TestServer()
+        defer { server.stop() }
+        let (client, stream) = try http10Stream(server)
         stream.write(Array("a".utf8))
         stream.write(Array("b".utf8))
         stream.finish()
@@ -74,10 +79,7 @@ final class HTTPServerStreamingTests: XCTestCase {
     func testHTTP10StreamFinishedAfterItsBytesWentOutClosesTheConnection() throws {
         let server = try TestServer()
         defer { server.stop() }
-        let client = try RawClient(port: server.port)
-        try client.send("GET /pending HTTP/1.0\r\n\r\n")
-        let responder = try XCTUnwrap(server.pending.take())
-        let stream = responder.startStream(eventStream)
+        let (client, stream) = try http10Stream(server)
         stream.write(Array("a".utf8))
         XCTAssertNotNil(client.readThrough(Array("\r\n\r\na".utf8)), "the head and the first byte arrive")
         stream.finish()
