@@ -15,7 +15,7 @@ final class ExecutableTests: XCTestCase {
         return url
     }
 
-    /// Collects a pipe's bytes on a thread of its own.
+    /// Starts the `jobserver` binary with `arguments`; its stdout and stderr are collected as they come.
     private func run(_ arguments: [String], environment: [String: String] = [:]) throws
         -> (Process, PipeReader, PipeReader)
     {
