@@ -334,6 +334,8 @@ class EngineTests: EngineTestCase {
               {"type":"fetch","url":\(u("/json"))}]}}
             """)
         _ = try waitForNodes(engine, job.id) { $0["root.0.1"]?.state == .succeeded && $0["root.0.0"]?.state == .running }
+        // Running is the transfer handed to libcurl; the upstream sees the abort only of a request that reached it.
+        try upstream.waitForStats("the /hang request at the upstream") { $0["max_active_by_path_prefix"]?["/hang"]?.intValue == 1 }
         guard case .cancelling = try cancel(engine, job.id) else { return XCTFail("not cancelling") }
         let done = try settled(engine, job.id)
         XCTAssertEqual(done.state, .cancelled)

@@ -171,6 +171,8 @@ class PaginateEngineTests: EngineTestCase {
             engine, page("/pages/link?n=3&per=1&slow=2&slow_ms=20000&key=c", #"{"next": "link", "items": "/body"}"#))
         let running = try waitForRoot(engine, job.id) { $0.pages == 1 }
         XCTAssertEqual(running.state, .running)
+        // Page 2 must be in flight at the upstream (it stalls there for 20 s), not only asked for, to be aborted.
+        try upstream.waitForStats("page 2 at the upstream") { $0["counters"]?["c:2"]?.intValue == 1 }
         _ = try engine.answer("cancel") { done in engine.cancel(id: job.id) { done($0) } }
         let done = try settled(engine, job.id)
         XCTAssertEqual(done.state, .cancelled)

@@ -122,6 +122,8 @@ final class TransferEngineTests: EngineTestCase {
     func testCancellingEverySharerAbortsTheTransfer() throws {
         let engine = try makeEngine()
         let ids = try coalescedJobs(engine, "/hang", count: 3)
+        // The upstream sees the abort only of a request that reached it.
+        try upstream.waitForStats("the shared request at the upstream") { $0["max_active_by_path_prefix"]?["/hang"]?.intValue == 1 }
         for id in ids {
             _ = try engine.answer("cancel") { done in engine.cancel(id: id) { done($0) } }
         }
