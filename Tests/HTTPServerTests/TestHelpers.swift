@@ -71,8 +71,7 @@ final class RawClient {
     /// Waits (at most 5 s) until the kernel holds received bytes that nobody has read: with a small receive buffer,
     /// proof that the server's writes are backing up. False if the server closes or the time passes first.
     func waitForUnreadBytes() -> Bool {
-        var entry = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        guard poll(&entry, 1, 5000) == 1 else { return false }
+        guard waitReadable(milliseconds: 5000) else { return false }
         // Readable is also what a close looks like: bytes must be there.
         var queued: Int32 = 0
         return ioctl(fd, UInt(FIONREAD), &queued) == 0 && queued > 0
