@@ -63,6 +63,7 @@ struct LoopSettings {
     var maxConnections: Int
     var onResponse: (@Sendable (String?, String, Int, UInt64) -> Void)?
     var onWriteBlocked: (@Sendable () -> Void)?
+    var onListenerClosed: (@Sendable () -> Void)?
     var router: Router
 }
 
@@ -681,6 +682,7 @@ final class EventLoop: @unchecked Sendable {
             Glibc.close(listenFD)
             listenFD = -1
             listenRegistered = false
+            settings.onListenerClosed?()
         }
         for case let connection? in connections {
             // Only connections between requests (or lingering) close: a request already begun is read to

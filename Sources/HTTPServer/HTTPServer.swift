@@ -34,6 +34,9 @@ public struct HTTPServerConfiguration: Sendable {
     /// waits. The connection reads no further requests until its output drains, so with a client that never
     /// reads, this is when the connection stops for good. Runs on an event loop: keep it short.
     public var onWriteBlocked: (@Sendable () -> Void)? = nil
+    /// Called on each event loop as it closes its listening socket, when a shutdown begins; once every loop has,
+    /// new connections are refused. Runs on an event loop: keep it short.
+    public var onListenerClosed: (@Sendable () -> Void)? = nil
 
     /// The defaults.
     public init() {}
@@ -104,6 +107,7 @@ public final class HTTPServer: @unchecked Sendable {
                 maxConnections: (configuration.maxConnections + count - 1) / count,
                 onResponse: configuration.onResponse,
                 onWriteBlocked: configuration.onWriteBlocked,
+                onListenerClosed: configuration.onListenerClosed,
                 router: router)
             var created: [EventLoop] = []
             for fd in sockets {

@@ -80,3 +80,43 @@ public final class Locked<Value>: @unchecked Sendable {
         return try body(&value)
     }
 }
+
+/// A `Locked` value whose changes can be waited for: every `withLock` wakes the threads in `wait(milliseconds:until:)`,
+/// which then look at the value again. For a value some thread needs to see reach a state (a store's health coming
+/// back, a count of waiters), where polling it would be a guess at when to look.
+public final class Watched<Value>: @unchecked Sendable {
+    // @unchecked: `value` is read and written only with `lock` held, as in `Locked`.
+    private let lock = Lock()
+    private var value: Value
+
+    public init(_ value: sending Value) { self.value = value }
+
+    public func withLock<T>(_ body: (inout sending Value) throws -> sending T) rethrows -> sending T {
+        lock.lock()
+        defer {
+            lock.broadcast()
+            lock.unlock()
+        }
+        return try body(&value)
+    }
+
+    /// Waits until `accept` holds for the value, for at most `milliseconds`; the answer is whether it held. `accept`
+    /// runs with the lock held, at once and after each change.
+    public func wait(milliseconds: Int64, until accept: (Value) -> Bool) -> Bool {
+        let deadline = monotonicMilliseconds() + milliseconds
+        lock.lock()
+        defer { lock.unlock() }
+        while !accept(value) {
+            let left = deadline - monotonicMilliseconds()
+            if left <= 0 { return false }
+            lock.wait(milliseconds: left)
+        }
+        return true
+    }
+}
+
+private func monotonicMilliseconds() -> Int64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+}

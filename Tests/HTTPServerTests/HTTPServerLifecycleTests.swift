@@ -205,7 +205,7 @@ final class HTTPServerLifecycleTests: XCTestCase {
     // MARK: - Graceful shutdown
 
     func testGracefulShutdownLetsAPendingResponseFinishWithinTheGracePeriod() throws {
-        let server = try TestServer()
+        let (server, listenersClosed) = try serverReportingClosedListeners()
         let idleClient = try RawClient(port: server.port)
         try idleClient.send("GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
         XCTAssertEqual(try idleClient.readResponse().status, 200)
@@ -223,7 +223,8 @@ final class HTTPServerLifecycleTests: XCTestCase {
         }.start()
 
         XCTAssertTrue(idleClient.waitForClose(), "idle keep-alive connections are closed at once")
-        XCTAssertTrue(waitUntilRefused(server.port), "no longer accepting")
+        XCTAssertTrue(listenersClosed())
+        XCTAssertNil(try? RawClient(port: server.port), "no longer accepting")
         Thread { responder.send(HTTPResponse(status: 200, body: Array("finished in grace".utf8))) }.start()
         let response = try client.readResponse()
         XCTAssertEqual(response.status, 200)
@@ -235,7 +236,7 @@ final class HTTPServerLifecycleTests: XCTestCase {
     }
 
     func testARequestHalfReceivedWhenShutdownBeginsIsStillAnswered() throws {
-        let server = try TestServer()
+        let (server, listenersClosed) = try serverReportingClosedListeners()
         let client = try RawClient(port: server.port)
         // A first answer proves the connection is accepted before the shutdown.
         try client.send("GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
@@ -246,7 +247,8 @@ final class HTTPServerLifecycleTests: XCTestCase {
             _ = server.stop(grace: 3)
             finished.fulfill()
         }.start()
-        XCTAssertTrue(waitUntilRefused(server.port), "no longer accepting")
+        XCTAssertTrue(listenersClosed())
+        XCTAssertNil(try? RawClient(port: server.port), "no longer accepting")
         try client.send("\r\n")
         let response = try client.readResponse()
         XCTAssertEqual(response.status, 200)
@@ -269,9 +271,16 @@ final class HTTPServerLifecycleTests: XCTestCase {
         XCTAssertTrue(client.waitForClose())
     }
 
-    /// Each loop closes its own listener when it sees the shutdown: polls (at most 5 s) until a connect is refused.
-    private func waitUntilRefused(_ port: Int) -> Bool {
-        TestSupport.eventually(5) { (try? RawClient(port: port)) == nil }
+    /// A server whose two loops report closing their listeners, each when it sees the shutdown, and a wait (at most
+    /// 5 s each) for both: after it, a connect is refused.
+    private func serverReportingClosedListeners() throws -> (TestServer, () -> Bool) {
+        let loops = 2
+        let closed = DispatchSemaphore(value: 0)
+        let server = try TestServer(configure: {
+            $0.eventLoopCount = loops
+            $0.onListenerClosed = { closed.signal() }
+        })
+        return (server, { (0..<loops).allSatisfy { _ in closed.wait(timeout: .now() + 5) == .success } })
     }
 
     func testStartingTwiceIsRefusedAndShutdownWithoutStartReturns() throws {

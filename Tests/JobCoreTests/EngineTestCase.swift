@@ -111,6 +111,15 @@ class EngineTestCase: XCTestCase {
         throw UpstreamError("job \(id) did not settle within \(seconds) s")
     }
 
+    /// The states of the job's nodes as the store holds them, once every change the engine has shown is committed:
+    /// `metrics`, read on the engine's queue, comes after the turn that handed those changes to the store, and
+    /// `flush` then waits for their commit.
+    func storedStates(_ engine: Engine, _ id: String) throws -> [NodeState] {
+        _ = try engine.metricsNow
+        try engine.store.flush()
+        return try engine.store.nodes(jobID: id, includeResults: false).map(\.state)
+    }
+
     /// Waits (at most `seconds`) until `condition` holds, looking again each time job `id` changes: the engine's
     /// long-poll on its version, which every change of a node's state moves (API.md §1), never a set interval.
     /// `condition` is about the job as the engine shows it, not as stored (the store follows later).

@@ -231,7 +231,7 @@ class EngineTests: EngineTestCase {
         let a = try submit(engine, #"{"graph":{"type":"list","children":[\#(hanging)]}}"#)
         let handedOver = Self.usesPostgres ? 2 : 4  // shared slots are never held
         XCTAssertTrue(
-            try TestSupport.eventually {
+            try untilJob(engine, a.id) {
                 let nodes = try engine.nodes(jobID: a.id, includeResults: false) ?? []
                 return nodes.filter { $0.id != "root" && $0.state == .running }.count == handedOver
             })
@@ -657,10 +657,8 @@ class EngineTests: EngineTestCase {
         let engine = try makeEngine()
         let hanging = #"{"graph":{"type":"list","children":[{"type":"fetch","url":\#(u("/json"))},{"type":"fetch","url":\#(u("/hang"))}]}}"#
         let job = try submit(engine, hanging)
-        XCTAssertTrue(
-            try TestSupport.eventually {
-                try engine.store.nodes(jobID: job.id, includeResults: false).map(\.state) == [.running, .succeeded, .running]
-            }, "the stored nodes never showed the job running")
+        _ = try waitForNodes(engine, job.id) { $0["root.0"]?.state == .succeeded && $0["root.1"]?.state == .running }
+        XCTAssertEqual(try storedStates(engine, job.id), [.running, .succeeded, .running])
         XCTAssertEqual(try cancel(engine, job.id).isAlreadyCancelled, false)
         XCTAssertEqual(try engine.store.nodes(jobID: job.id, includeResults: false).map(\.state), [.cancelled, .succeeded, .cancelled])
 
@@ -677,10 +675,7 @@ class EngineTests: EngineTestCase {
         let restarted = try makeEngine(dbName: "rows.sqlite")
         for id in ["a-rows-lost", "b-rows-kept"] {
             XCTAssertEqual(try settled(restarted, id).state, .succeeded, "job \(id)")
-            XCTAssertTrue(
-                try TestSupport.eventually {
-                    try restarted.store.nodes(jobID: id, includeResults: false).map(\.state) == [.succeeded, .succeeded, .succeeded]
-                }, "the stored nodes of \(id) never all succeeded")
+            XCTAssertEqual(try storedStates(restarted, id), [.succeeded, .succeeded, .succeeded], "job \(id)")
         }
         let damaged = try XCTUnwrap(try restarted.job(id: "c-rows-lost-later"))
         XCTAssertEqual(damaged.state, .failed)

@@ -84,7 +84,7 @@ final class FetcherRetryTests: FetcherTestCase {
     func testCancelDuringBackoffCompletesAtOnce() throws {
         let box = OutcomeBox()
         let handle = fetcher.start(FetchRequest(url: upstream.url("/count/c?fail=5"), retries: 5, retryBackoffMs: 10_000)) { box.set($0) }
-        guard TestSupport.eventually(5, { fetcher.stats.backingOff == 1 }) else {
+        guard fetcher.waitForStats(milliseconds: 5000, until: { $0.backingOff == 1 }) else {
             throw UpstreamError("the first attempt never went into its backoff")
         }
         XCTAssertEqual(try counter("c"), 1)

@@ -17,13 +17,13 @@ final class PostgresHostRateTests: PostgresDatabaseTestCase {
         let second = try PostgresJobStore(url: databaseURL)
         defer { second.close() }
         let before = try XCTUnwrap(value("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"))
-        let held = Locked<[UInt64]>([])
+        let held = Watched<[UInt64]>([])
         for _ in 0..<3 {
             first.awaitHostStart("h", perSecond: 50, jobID: "J") { if let ns = $0 { held.withLock { $0.append(ns) } } }
             second.awaitHostStart("h", perSecond: 50, jobID: "J") { if let ns = $0 { held.withLock { $0.append(ns) } } }
         }
         first.awaitHostStart("other", perSecond: 50, jobID: "J") { if let ns = $0 { held.withLock { $0.append(ns) } } }
-        XCTAssertTrue(TestSupport.eventually { held.withLock { $0.count } == 7 }, "every booked start came")
+        XCTAssertTrue(held.wait(milliseconds: 10_000) { $0.count == 7 }, "every booked start came")
         let next = try XCTUnwrap(value("SELECT next_start_us FROM host_rates WHERE host = 'h'"))
         let interval = Int64(1e6 / 50 * 1.05)
         XCTAssertGreaterThanOrEqual(next - before, 6 * interval, "the six starts of both stores are on one schedule")
@@ -31,22 +31,22 @@ final class PostgresHostRateTests: PostgresDatabaseTestCase {
 
     func testClosingAnswersTheFetchesStillWaiting() throws {
         let store = try PostgresJobStore(url: databaseURL)
-        let answers = Locked<[UInt64?]>([])
+        let answers = Watched<[UInt64?]>([])
         // At 0.1/s the second start is booked 10.5 s later; closing does not wait for it.
         store.awaitHostStart("h", perSecond: 0.1, jobID: "J") { ns in answers.withLock { $0.append(ns) } }
         store.awaitHostStart("h", perSecond: 0.1, jobID: "J") { ns in answers.withLock { $0.append(ns) } }
-        XCTAssertTrue(TestSupport.eventually { answers.withLock { $0.count } == 1 })
+        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 1 })
         store.close()
         XCTAssertEqual(answers.withLock { $0 }, [0, nil])
         store.awaitHostStart("h", perSecond: 0.1, jobID: "J") { ns in answers.withLock { $0.append(ns) } }
-        XCTAssertTrue(TestSupport.eventually { answers.withLock { $0.count } == 3 })
+        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 3 })
         XCTAssertEqual(answers.withLock { $0.last }, .some(nil), "a closed store books nothing")
     }
 
     func testWithdrawingAJobAnswersOnlyItsFetches() throws {
         let store = try PostgresJobStore(url: databaseURL)
         defer { store.close() }
-        let answers = Locked<[String]>([])
+        let answers = Watched<[String]>([])
         func wait(_ name: String, _ jobID: String) {
             store.awaitHostStart("h", perSecond: 0.1, jobID: jobID) { ns in
                 answers.withLock { $0.append("\(name) \(ns.map { $0 == 0 ? "now" : "later" } ?? "withdrawn")") }
@@ -56,9 +56,9 @@ final class PostgresHostRateTests: PostgresDatabaseTestCase {
         wait("a1", "A")
         wait("b1", "B")
         wait("a2", "A")
-        XCTAssertTrue(TestSupport.eventually { answers.withLock { $0.count } == 1 })
+        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 1 })
         store.withdrawHostStarts(jobID: "B")
-        XCTAssertTrue(TestSupport.eventually { answers.withLock { $0.count } == 2 })
+        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 2 })
         XCTAssertEqual(answers.withLock { $0 }, ["a1 now", "b1 withdrawn"], "a2 of the other job still waits")
     }
 }

@@ -7,10 +7,11 @@ import XCTest
 
 /// Records what a store tells its engine about leases.
 private final class LeaseEvents: SharedStoreDelegate {
-    let lost = Locked<[String]>([])
-    let claimed = Locked<[String]>([])
-    let cancels = Locked<[String]>([])
-    let changed = Locked<[String]>([])
+    let lost = Watched<[String]>([])
+    let claimed = Watched<[String]>([])
+    let cancels = Watched<[String]>([])
+    let changed = Watched<[String]>([])
+    let renewals = Watched(0)
 
     func leasesLost(_ ids: [String]) { lost.withLock { $0 += ids } }
     func jobsClaimed(
@@ -18,7 +19,7 @@ private final class LeaseEvents: SharedStoreDelegate {
     ) { claimed.withLock { $0 += jobs.map(\.job.id) } }
     func cancelRequested(_ ids: [String]) { cancels.withLock { $0 += ids } }
     func jobsChanged(_ ids: [String]) { changed.withLock { $0 += ids } }
-    func leasesRenewed() {}
+    func leasesRenewed() { renewals.withLock { $0 += 1 } }
 }
 
 /// Several stores on one database, as several servers (API.md §10): ownership, takeover, fencing, durable cancel.
@@ -56,9 +57,11 @@ final class PostgresLeaseTests: PostgresDatabaseTestCase {
         _ = try first.createJob(record, nodes: nodes, idempotencyKey: nil, requestHash: nil)
         let second = try PostgresJobStore(url: databaseURL, leaseTtlMs: 60_000)
         defer { second.close() }
-        var claimed: [String] = []
-        XCTAssertTrue(try TestSupport.eventually { claimed = try second.unfinishedJobs().map(\.job.id); return !claimed.isEmpty })
-        XCTAssertEqual(claimed, ["J1"])
+        // No event ends a lease, only the database's clock: wait out what is left of it, then claim.
+        let left = try XCTUnwrap(Int64(try XCTUnwrap(
+            try raw("SELECT lease_expires_at - \(PostgresLeases.nowMs) FROM jobs WHERE id = 'J1'").first?[0] ?? nil)))
+        if left >= 0 { usleep(UInt32(left + 1) * 1000) }
+        XCTAssertEqual(try second.unfinishedJobs().map(\.job.id), ["J1"])
         XCTAssertEqual(try raw("SELECT lease_generation FROM jobs WHERE id = 'J1'").first?[0], "2")
 
         var stale = record
@@ -99,14 +102,21 @@ final class PostgresLeaseTests: PostgresDatabaseTestCase {
         second.beginLeasing()
         // Renewed every ttl/3: once the lease has been pushed on by more than a whole ttl, the other store's
         // heartbeat (also every ttl/3) has looked for expired leases at least twice, and it must not have taken this.
-        XCTAssertTrue(try TestSupport.eventually {
-            try (expiry() ?? 0) > firstExpiry + ttlMs
-        }, "the owner renews its lease")
+        var renewedPast = false
+        for _ in 0..<20 {  // about 4 renewals are needed
+            let seen = firstEvents.renewals.withLock { $0 }
+            if try (expiry() ?? 0) > firstExpiry + ttlMs {
+                renewedPast = true
+                break
+            }
+            guard firstEvents.renewals.wait(milliseconds: 2 * ttlMs, until: { $0 > seen }) else { break }
+        }
+        XCTAssertTrue(renewedPast, "the owner renews its lease")
         XCTAssertEqual(secondEvents.claimed.withLock { $0 }, [])
         XCTAssertTrue(first.leasesHold)
 
         XCTAssertTrue(try second.requestCancel(id: "J1"))
-        XCTAssertTrue(TestSupport.eventually { firstEvents.cancels.withLock { $0.contains("J1") } }, "the owner hears the cancel")
+        XCTAssertTrue(firstEvents.cancels.wait(milliseconds: 10_000) { $0.contains("J1") }, "the owner hears the cancel")
         XCTAssertEqual(try raw("SELECT cancel_requested_at IS NOT NULL FROM jobs WHERE id = 'J1'").first?[0], "t")
 
         var running = record
@@ -114,11 +124,11 @@ final class PostgresLeaseTests: PostgresDatabaseTestCase {
         running.version = 2
         first.enqueue(jobs: [running], nodes: [], bodies: [])
         try first.flush()
-        XCTAssertTrue(TestSupport.eventually { secondEvents.changed.withLock { $0.contains("J1") } }, "other servers hear the change")
+        XCTAssertTrue(secondEvents.changed.wait(milliseconds: 10_000) { $0.contains("J1") }, "other servers hear the change")
 
         // A clean close gives the lease up: the other store claims the job at its next heartbeat.
         first.close()
-        XCTAssertTrue(TestSupport.eventually { secondEvents.claimed.withLock { $0 } == ["J1"] })
+        XCTAssertTrue(secondEvents.claimed.wait(milliseconds: 10_000) { $0 == ["J1"] })
         XCTAssertFalse(try second.requestCancel(id: "J404"))
     }
 
@@ -144,18 +154,18 @@ final class PostgresLeaseTests: PostgresDatabaseTestCase {
         defer { first.close() }
         let second = try PostgresJobStore(url: databaseURL)
         defer { second.close() }
-        let taken = Locked<[String]>([])
+        let taken = Watched<[String]>([])
         first.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("first 1") } } }
         first.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("first 2") } } }
-        XCTAssertTrue(TestSupport.eventually { taken.withLock { $0.count } == 2 })
+        XCTAssertTrue(taken.wait(milliseconds: 10_000) { $0.count == 2 })
         second.acquireHostSlot("http://h", limit: 2) { if $0 { taken.withLock { $0.append("second") } } }
         second.acquireHostSlot("http://other", limit: 2) { if $0 { taken.withLock { $0.append("other host") } } }
         // The store serves its waiting fetches in arrival order: by the time the other host's slot is given,
         // the first host has been tried and found full.
-        XCTAssertTrue(TestSupport.eventually { taken.withLock { $0.contains("other host") } })
+        XCTAssertTrue(taken.wait(milliseconds: 10_000) { $0.contains("other host") })
         XCTAssertFalse(taken.withLock { $0.contains("second") }, "both slots of the host are held by the other store")
         first.releaseHostSlot("http://h")
-        XCTAssertTrue(TestSupport.eventually { taken.withLock { $0.contains("second") } }, "a slot given back is taken by the waiting store")
+        XCTAssertTrue(taken.wait(milliseconds: 10_000) { $0.contains("second") }, "a slot given back is taken by the waiting store")
     }
 
     func testIdempotencyKeysAreUniqueOverStores() throws {

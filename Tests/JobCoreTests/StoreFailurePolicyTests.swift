@@ -96,8 +96,7 @@ final class StoreFailurePolicyTests: StoreTestCase, @unchecked Sendable {  // @u
         try store.flush()
         try other.execute("ROLLBACK")
         // With nothing to retry, the writer's probe finds the disk writable again.
-        _ = TestSupport.eventually(30) { !store.health.degraded }
-        XCTAssertFalse(store.health.degraded)
+        XCTAssertTrue(store.waitForHealth(milliseconds: 30_000) { !$0.degraded })
         try create(store, 2)
     }
 

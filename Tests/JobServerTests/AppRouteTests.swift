@@ -333,12 +333,11 @@ class AppRouteTests: XCTestCase {
         XCTAssertEqual(answer.json?["id"]?.stringValue, id)
     }
 
-    /// Polls `/metrics` (at most 5 s) until `count` long-polls are waiting in the engine.
+    /// Waits (at most 5 s) until `count` long-polls are waiting in the engine, and `/metrics` says so.
     func waitForLongPolls(_ count: Int) {
-        let waiting = TestSupport.eventually(5) {
-            harness.call(.metrics, json: false).text.contains("\njobserver_long_polls_waiting \(count)\n")
-        }
-        XCTAssertTrue(waiting, "\(count) long-polls never waited")
+        XCTAssertTrue(harness.engine.waitForLongPolls(milliseconds: 5000) { $0 == count }, "\(count) long-polls never waited")
+        let metrics = harness.call(.metrics, json: false).text
+        XCTAssertTrue(metrics.contains("\njobserver_long_polls_waiting \(count)\n"), metrics)
     }
 
     // MARK: Cancel and delete

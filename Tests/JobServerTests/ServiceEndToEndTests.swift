@@ -141,12 +141,13 @@ final class ServiceEndToEndTests: XCTestCase {
 }
 
 extension ServiceEndToEndTests {
-    /// Polls `/metrics` (at most 10 s) until `count` long-polls are waiting in the engine.
+    /// Waits (at most 10 s) until `count` long-polls are waiting in the engine, and `/metrics` says so.
     func waitForLongPolls(_ count: Int) throws {
-        let waiting = try TestSupport.eventually(10) {
-            try send("GET", "/metrics").text.contains("\njobserver_long_polls_waiting \(count)\n")
+        guard let engine = service?.engine, engine.waitForLongPolls(milliseconds: 10_000, until: { $0 == count }) else {
+            throw UpstreamError("\(count) long-polls never waited")
         }
-        if !waiting { throw UpstreamError("\(count) long-polls never waited") }
+        let metrics = try send("GET", "/metrics").text
+        XCTAssertTrue(metrics.contains("\njobserver_long_polls_waiting \(count)\n"), metrics)
     }
 
     /// 1,000 long-polls on one running job: they hold no thread while they wait, and every one is answered once the

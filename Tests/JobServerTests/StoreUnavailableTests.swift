@@ -43,19 +43,14 @@ final class StoreUnavailableTests: XCTestCase {
         XCTAssertNotEqual(try storedState(other, id), "cancelled", "nothing could be written yet")
         try other.execute("ROLLBACK")
 
-        // Recovery without a restart: health comes back, and the cancel reaches the file.
-        var healthy = harness.call(.health)
-        _ = TestSupport.eventually(30) {
-            healthy = harness.call(.health)
-            return healthy.status == 200
-        }
+        // Recovery without a restart: the writer's retry commits everything it held, the cancel with it, and
+        // health comes back.
+        XCTAssertTrue(
+            harness.engine.store.waitForHealth(milliseconds: 30_000) { !$0.degraded && $0.pendingChanges == 0 },
+            "the store never recovered: \(harness.engine.store.health)")
+        let healthy = harness.call(.health)
         XCTAssertEqual(healthy.status, 200, healthy.text)
-        var stored = try storedState(other, id)
-        _ = try TestSupport.eventually(30) {
-            stored = try storedState(other, id)
-            return stored == "cancelled"
-        }
-        XCTAssertEqual(stored, "cancelled")
+        XCTAssertEqual(try storedState(other, id), "cancelled")
         XCTAssertTrue(harness.call(.metrics).text.contains("\njobserver_store_degraded 0\n"))
         XCTAssertEqual(harness.call(.submitJob, body: fetchJob(upstream.url("/json"))).status, 201)
     }

@@ -76,4 +76,17 @@ final class ThreadsTests: XCTestCase {
         // Nobody signals: the timed wait returns on its own.
         lock.withLock { lock.wait(milliseconds: 1) }
     }
+
+    func testAWatchedValueWakesItsWaiterOnTheChangeThatSatisfiesIt() throws {
+        let steps = Watched(0)
+        let thread = try startThread(name: "stepper") {
+            for _ in 0..<3 { steps.withLock { $0 += 1 } }
+        }
+        // 10 s is only a bound: the waiter looks again at each change, and returns at the third.
+        XCTAssertTrue(steps.wait(milliseconds: 10_000) { $0 == 3 })
+        XCTAssertEqual(pthread_join(thread, nil), 0)
+        // Already true: no wait at all. Never true: the answer comes when the time is up.
+        XCTAssertTrue(steps.wait(milliseconds: 0) { $0 == 3 })
+        XCTAssertFalse(steps.wait(milliseconds: 20) { $0 == 4 })
+    }
 }

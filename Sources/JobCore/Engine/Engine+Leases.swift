@@ -252,7 +252,7 @@ extension Engine: SharedStoreDelegate {
         logger.warning("lease lost to another server; the job stops here", ["job": .string(id)])
         run.stop()
         if !run.record.state.isSettled { leaveGate(run) }
-        let waiting = waiters.removeValue(forKey: id) ?? []
+        let waiting = waiters.take(jobID: id)
         let streams = eventHub.detach(id)
         let nodes = run.nodeSnapshots(includeResults: false)
         let record = run.record

@@ -47,7 +47,17 @@ public final class Engine: @unchecked Sendable {
     /// The due time of the earliest pump timer armed for `--host-rate`.
     private var rateTimerDueNs: UInt64?
     private var fetchQueue: FetchQueue
-    var waiters: [String: [Waiter]] = [:]
+    /// The long-polls on jobs running here; their count is published in `longPollCount`.
+    var waiters = WaiterTable() {
+        didSet {
+            guard waiters.count != publishedLongPolls else { return }
+            publishedLongPolls = waiters.count
+            longPollCount.withLock { [count = waiters.count] in $0 = count }
+        }
+    }
+    private var publishedLongPolls = 0
+    /// `waiters.count`, for `waitForLongPolls` on any thread.
+    private let longPollCount = Watched(0)
     /// The event streams (`watchEvents`).
     let eventHub = JobEventHub()
     /// Makes the ids of new jobs; a submission takes one without a turn of `queue`.
@@ -287,11 +297,10 @@ public final class Engine: @unchecked Sendable {
     public func beginShutdown() {
         queue.sync {
             shuttingDown = true
-            for (id, list) in waiters {
+            for (id, list) in waiters.takeAll() {
                 let job = runs[id]?.record
                 for waiter in list { waiter.fire(job ?? (try? store.job(id: id)) ?? nil) }
             }
-            waiters.removeAll()
             answerRemoteWaiters()
             eventHub.endAll { runs[$0]?.record }
         }
@@ -516,6 +525,12 @@ public final class Engine: @unchecked Sendable {
         return try store.body(jobID: jobID, nodeID: nodeID)
     }
 
+    /// Waits, for at most `milliseconds`, until `accept` holds for the number of long-polls waiting on jobs running
+    /// here (`EngineMetrics.longPollsWaiting`), looking at once and after each change; the answer is whether it held.
+    public func waitForLongPolls(milliseconds: Int64, until accept: (Int) -> Bool) -> Bool {
+        longPollCount.wait(milliseconds: milliseconds, until: accept)
+    }
+
     /// A snapshot of the counters for `/metrics`, from what the engine keeps as it goes (no store read).
     public func metrics(_ completion: @escaping @Sendable (EngineMetrics) -> Void) {
         queue.async {
@@ -530,7 +545,7 @@ public final class Engine: @unchecked Sendable {
             m.fetchesInFlight = self.fetchQueue.inFlight - self.fetchQueue.heldBeyondSlots
             m.jobLoadFailures = self.jobLoadFailures
             // Summed over the jobs being waited on, not over every job.
-            m.longPollsWaiting = self.waiters.values.reduce(0) { $0 + $1.count }
+            m.longPollsWaiting = self.waiters.count
             m.scheduledJobs = self.timekeeper.scheduledJobs
             m.waitingForKey = self.gate.totalWaiting
             m.responseMemoryBytes = self.responseMemory?.usedBytes ?? 0
@@ -663,7 +678,7 @@ public final class Engine: @unchecked Sendable {
         if shuttingDown || timeoutMs <= 0 || run.map({ waiter.isSatisfied(by: $0.record) }) == true {
             return answer([waiter], live: run.map(shownRecord), jobID: id)
         }
-        waiters[id, default: []].append(waiter)
+        waiters.add(waiter, jobID: id)
         armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
     }
 
@@ -686,8 +701,7 @@ public final class Engine: @unchecked Sendable {
 
     /// Forgets a waiter that will not be answered through `notifyWaiters`; on the queue.
     func dropWaiter(_ waiter: Waiter, jobID: String) {
-        waiters[jobID]?.removeAll { $0 === waiter }
-        if waiters[jobID]?.isEmpty == true { waiters[jobID] = nil }
+        waiters.remove(waiter, jobID: jobID)
     }
 
     /// Answers `waiter` with the job as it is once `timeoutMs` have passed without a change; on the queue.
@@ -940,14 +954,9 @@ public final class Engine: @unchecked Sendable {
     }
 
     private func notifyWaiters(_ run: JobRun) {
-        guard let list = waiters[run.id] else { return }
-        var remaining: [Waiter] = []
-        var satisfied: [Waiter] = []
-        for waiter in list {
-            if waiter.isSatisfied(by: run.record) { satisfied.append(waiter) } else { remaining.append(waiter) }
-        }
+        guard waiters.hasWaiters(jobID: run.id) else { return }
+        let satisfied = waiters.take(jobID: run.id) { $0.isSatisfied(by: run.record) }
         if !satisfied.isEmpty { answer(satisfied, live: shownRecord(run), jobID: run.id) }
-        waiters[run.id] = remaining.isEmpty ? nil : remaining
     }
 
     func jobStateChanged(_ run: JobRun) {
@@ -1041,6 +1050,47 @@ public final class Engine: @unchecked Sendable {
             logger.error("retention sweep failed", ["error": .string(String(describing: error))])
             return 0
         }
+    }
+}
+
+/// The long-polls waiting on jobs running here, by job, and how many there are in all.
+struct WaiterTable {
+    private var byJob: [String: [Waiter]] = [:]
+    private(set) var count = 0
+
+    func hasWaiters(jobID: String) -> Bool { byJob[jobID] != nil }
+
+    mutating func add(_ waiter: Waiter, jobID: String) {
+        byJob[jobID, default: []].append(waiter)
+        count += 1
+    }
+
+    mutating func remove(_ waiter: Waiter, jobID: String) {
+        guard var list = byJob[jobID], let index = list.firstIndex(where: { $0 === waiter }) else { return }
+        list.remove(at: index)
+        byJob[jobID] = list.isEmpty ? nil : list
+        count -= 1
+    }
+
+    /// Takes out the job's waiters that `chosen` picks (every one without it).
+    mutating func take(jobID: String, where chosen: (Waiter) -> Bool = { _ in true }) -> [Waiter] {
+        guard let list = byJob.removeValue(forKey: jobID) else { return [] }
+        var taken: [Waiter] = []
+        var left: [Waiter] = []
+        for waiter in list {
+            if chosen(waiter) { taken.append(waiter) } else { left.append(waiter) }
+        }
+        if !left.isEmpty { byJob[jobID] = left }
+        count -= taken.count
+        return taken
+    }
+
+    mutating func takeAll() -> [String: [Waiter]] {
+        defer {
+            byJob = [:]
+            count = 0
+        }
+        return byJob
     }
 }
 

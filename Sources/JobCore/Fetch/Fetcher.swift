@@ -107,6 +107,12 @@ public final class Fetcher: @unchecked Sendable {
     /// A snapshot of the counters.
     public var stats: FetcherStats { loop.stats }
 
+    /// Waits, for at most `milliseconds`, until `accept` holds for the counters (at once, and after each change);
+    /// the answer is whether it held. `accept` must be quick: the fetcher's thread waits while it runs.
+    public func waitForStats(milliseconds: Int64, until accept: (FetcherStats) -> Bool) -> Bool {
+        loop.waitForStats(milliseconds: milliseconds, until: accept)
+    }
+
     /// Cancels every transfer (each completes with `cancelled`), stops the thread
     /// and waits for it. Later `start` calls complete at once with `cancelled`.
     public func shutdown() { loop.shutdown() }
@@ -124,8 +130,9 @@ final class Transfer {
     let method: String
     let timeoutMs: Int?
     let maxBytes: Int
-    /// The job's budget the body bytes are counted against, if any.
-    let budget: ByteBudget?
+    /// The job's budget the body bytes are counted against, if any. Let go of when the transfer completes, before its
+    /// completion runs: the bytes its answer holds stay counted, and go back when the job lets go of the budget.
+    var budget: ByteBudget?
     /// What the current attempt's body took from `budget`, and what `lastResponse`'s body holds of it.
     var countedBytes = 0
     var lastResponseCounted = 0
@@ -410,13 +417,14 @@ final class FetchLoop: @unchecked Sendable {
     private let roots: TrustedRoots?
     private let multi: UnsafeMutableRawPointer
     private let mutex = Lock()
+    /// The counters `stats` reports, which `waitForStats` waits on; they guard themselves.
+    private let counters = Watched(FetcherStats())
 
     // Guarded by `mutex`.
     private var incoming: [Transfer] = []
     private var cancels: [Transfer] = []
     private var stopping = false
     private var closed = false
-    private var counters = FetcherStats()
     private var thread: pthread_t?
     /// The fetcher's thread once it runs: work queued from it needs no wakeup,
     /// since the loop drains the queue before it polls again.
@@ -426,7 +434,7 @@ final class FetchLoop: @unchecked Sendable {
     private var running: [ObjectIdentifier: Transfer] = [:]
     /// Transfers waiting out a retry backoff; their count is published in `stats.backingOff`.
     private var waiting: [Transfer] = [] {
-        didSet { let count = waiting.count; mutex.withLock { counters.backingOff = count } }
+        didSet { let count = waiting.count; counters.withLock { $0.backingOff = count } }
     }
     private var random = SystemRandomNumberGenerator()
     /// Easy handles of finished attempts, reset (`curl_easy_reset` keeps no option; the connections belong to the
@@ -459,8 +467,12 @@ final class FetchLoop: @unchecked Sendable {
         }
     }
 
-    var inFlight: Int { mutex.withLock { counters.inFlight } }
-    var stats: FetcherStats { mutex.withLock { counters } }
+    var inFlight: Int { counters.withLock { $0.inFlight } }
+    var stats: FetcherStats { counters.withLock { $0 } }
+
+    func waitForStats(milliseconds: Int64, until accept: (FetcherStats) -> Bool) -> Bool {
+        counters.wait(milliseconds: milliseconds, until: accept)
+    }
     var plainHTTPTransfersPerHost: Int? { (configuration.proxy ?? "").isEmpty ? configuration.maxPerHost : nil }
 
     func start(
@@ -470,14 +482,16 @@ final class FetchLoop: @unchecked Sendable {
         let transfer = Transfer(
             request: request, timeoutMs: timeoutMs, maxBytes: request.maxBytes ?? configuration.maxResponseBytes,
             budget: budget, denyList: denyList, onAttempt: onAttempt, completion: completion)
+        // Counted before the loop can see it, so that its end never comes first.
+        counters.withLock { $0.inFlight += 1 }
         let accepted = mutex.withLock { () -> Bool in
             guard !stopping else { return false }
             wakeIfFirstQueued()
             incoming.append(transfer)
-            counters.inFlight += 1
             return true
         }
         if !accepted {
+            counters.withLock { $0.inFlight -= 1 }
             transfer.phase = .done
             completion(FetchOutcome(
                 result: .failure(NodeError(.cancelled, "\(transfer.method) \(request.url) cancelled: the fetcher is shut down")),
@@ -567,7 +581,7 @@ final class FetchLoop: @unchecked Sendable {
     private func beginAttempt(_ transfer: Transfer) {
         if case .done = transfer.phase { return }
         transfer.attempts += 1
-        mutex.withLock { counters.attempts += 1 }
+        counters.withLock { $0.attempts += 1 }
         transfer.onAttempt?(transfer.attempts)
         transfer.resetAttempt()
         guard let easy = spareHandles.popLast() ?? curl_easy_init() else {
@@ -880,13 +894,14 @@ final class FetchLoop: @unchecked Sendable {
             elapsed = Int(Timestamp.monotonicMs() - transfer.startedMs)
             outcome = error.kind.rawValue
         }
-        mutex.withLock {
-            counters.inFlight -= 1
-            counters.record(outcome: outcome, elapsedMs: elapsed)
+        counters.withLock {
+            $0.inFlight -= 1
+            $0.record(outcome: outcome, elapsedMs: elapsed)
         }
         let completion = transfer.completion
         transfer.completion = nil
         transfer.onAttempt = nil
+        transfer.budget = nil
         var crossedBudget = false
         if case .failure(let error) = result, error.kind == .tooLarge { crossedBudget = transfer.refusedBy != nil }
         let finished = FetchOutcome(

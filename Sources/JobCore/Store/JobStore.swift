@@ -185,6 +185,10 @@ public protocol JobStore: AnyObject, Sendable {
     /// How writes are going.
     var health: StoreHealth { get }
 
+    /// Waits, for at most `milliseconds`, until `accept` holds for the health (at once, and after each change the
+    /// writer makes to it); the answer is whether it held. `accept` must be quick: the writer waits while it runs.
+    func waitForHealth(milliseconds: Int64, until accept: (StoreHealth) -> Bool) -> Bool
+
     /// The job with everything stored about it, or `nil`.
     func job(id: String) throws -> JobRecord?
 

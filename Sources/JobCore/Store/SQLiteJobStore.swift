@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import Threads
 
 /// The `JobStore` on one SQLite file in WAL mode.
 ///
@@ -163,6 +164,10 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     /// How the writer is doing, as it last published.
     public var health: StoreHealth { writerStatus.health }
+
+    public func waitForHealth(milliseconds: Int64, until accept: (StoreHealth) -> Bool) -> Bool {
+        writerStatus.wait(milliseconds: milliseconds, until: accept)
+    }
 
     /// Deletes the job, its nodes and its bodies in one transaction of the writer.
     public func deleteJob(id: String) throws -> Bool {
@@ -658,15 +663,17 @@ struct BodyKey: Hashable {
     var nodeID: String
 }
 
-/// `StoreHealth` as the writer last left it; read from any thread.
-final class WriterStatus: @unchecked Sendable {
-    // Safe to share: `value` is read and written only inside `monitor.withLock`.
-    private let monitor = StoreMonitor()
-    private var value = StoreHealth()
+/// `StoreHealth` as the writer last left it; read, and waited for, from any thread.
+final class WriterStatus: Sendable {
+    private let value = Watched(StoreHealth())
 
-    var health: StoreHealth { monitor.withLock { value } }
+    var health: StoreHealth { value.withLock { $0 } }
 
-    func update(_ change: (inout StoreHealth) -> Void) { monitor.withLock { change(&value) } }
+    func update(_ change: (inout StoreHealth) -> Void) { value.withLock { change(&$0) } }
+
+    func wait(milliseconds: Int64, until accept: (StoreHealth) -> Bool) -> Bool {
+        value.wait(milliseconds: milliseconds, until: accept)
+    }
 }
 
 /// Runs on the writer thread and owns the writing connection.

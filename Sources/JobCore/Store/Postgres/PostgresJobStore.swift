@@ -171,6 +171,10 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
 
     public var health: StoreHealth { writerStatus.health }
 
+    public func waitForHealth(milliseconds: Int64, until accept: (StoreHealth) -> Bool) -> Bool {
+        writerStatus.wait(milliseconds: milliseconds, until: accept)
+    }
+
     public func deleteJob(id: String) throws -> Bool {
         let ticket = WriteTicket<Bool>()
         guard queue.push(.delete(id, ticket)) else { throw StoreError(.closed, "store is closed") }
