@@ -61,17 +61,14 @@ expect_jq_true '.result.body | tostring | contains("secret")' "the upstream echo
 # ------------------------------------------------------------------ failure
 step "failure: stuff2 answers 503 → the list fails fast with stuff2's error, stuff1 is cancelled"
 ustats_reset
-t0="$(millis)"
 submit "$(my_stuff /delay/5000 /status/503)"
 bad="$JOB_ID"
 wait_settled "$bad" 20
-t1="$(millis)"
 expect_jq .state failed
 expect_jq .error.kind http_status
 expect_jq .error.status 503
 expect_jq .error.node stuff2
 expect_jq .result null
-[ $((t1 - t0)) -lt 4000 ] || fail "the failing job took $((t1 - t0)) ms: the list did not fire on the first error"
 expect_node "$bad" login .state succeeded
 expect_node "$bad" stuffs .state failed
 expect_node "$bad" stuffs .error.kind http_status
@@ -80,6 +77,7 @@ expect_node "$bad" stuff2 .state failed
 expect_node "$bad" stuff2 .status 503
 expect_node "$bad" stuff2 .error.kind http_status
 expect_node "$bad" stuff2 .error.status 503
+# Cancelled, not succeeded: the list fired on the first error without waiting for it.
 expect_node "$bad" stuff1 .state cancelled
 expect_node "$bad" root .state failed
 expect_node "$bad" root .error.node stuff2
@@ -88,7 +86,7 @@ expect_jq '.progress.failed' 3
 expect_jq '.progress.cancelled' 1
 expect_jq '.progress.succeeded' 1
 step "the cancelled sibling's transfer was aborted"
-wait_upstream '.disconnects >= 1'
+wait_upstream '(.disconnects | length) >= 1'
 
 step "failure of the login: the list never starts"
 submit "{\"graph\":{\"type\":\"sequence\",\"children\":[

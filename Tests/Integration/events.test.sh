@@ -17,28 +17,13 @@ start_upstream
 
 # start_receiver LOG [HOST]: sets RECEIVER (its base URL).
 start_receiver() {
-  local log="$1" host="${2:-127.0.0.1}" out="$TMP/receiver.$RANDOM.out" port="" i
+  local log="$1" host="${2:-127.0.0.1}" out="$TMP/receiver.$RANDOM.out" pid
   : >"$log"
   python3 Tests/Integration/webhook_receiver.py "$log" "$host" >"$out" 2>&1 &
-  STARTED_PIDS+=("$!")
-  for ((i = 0; i < 100; i++)); do
-    port="$(awk '/^listening/ { print $2 }' "$out")"
-    [ -n "$port" ] && break
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "webhook receiver did not start: $(cat "$out")"
-  RECEIVER="http://$host:$port"
-}
-
-# wait_notify ID STATE [SECONDS]: until the job shows notify.state STATE.
-wait_notify() {
-  local id="$1" want="$2" limit="${3:-20}" i
-  for ((i = 0; i < limit * 10; i++)); do
-    api GET "/v1/jobs/$id"
-    [ "$(jget .notify.state)" = "$want" ] && return 0
-    sleep 0.1
-  done
-  fail "job $id: notify.state is $(jget .notify.state), not $want, after ${limit}s"
+  pid=$!
+  STARTED_PIDS+=("$pid")
+  await_listening "$out" "$pid"
+  RECEIVER="http://$host:$LISTENING_PORT"
 }
 
 mkdir -p "$TMP/db"
@@ -208,12 +193,7 @@ submit "{\"graph\":{\"type\":\"sequence\",\"children\":[{\"type\":\"fetch\",\"ur
 before="$(threads)"
 python3 bench/events_clients.py sse 127.0.0.1 "$SERVER_PORT" "$JOB_ID" 1000 >"$TMP/many.out" 2>"$TMP/many.err" &
 many_pid=$!
-for ((i = 0; i < 200; i++)); do
-  grep -q '^ready' "$TMP/many.out" && break
-  kill -0 "$many_pid" 2>/dev/null || break
-  sleep 0.05
-done
-grep -q '^ready' "$TMP/many.out" || fail "1,000 streams did not open: $(cat "$TMP/many.err")"
+next_line "$TMP/many.out" 0 10 "$many_pid" '^ready' >/dev/null || fail "1,000 streams did not open: $(cat "$TMP/many.err")"
 following="$(threads)"
 names="$(cat /proc/"$SERVER_PID"/task/*/comm | sort | uniq -c | sort -rn | awk '{printf "%s %s, ", $1, $2}')"
 wait "$many_pid" || fail "the 1,000 streams failed: $(cat "$TMP/many.err")"

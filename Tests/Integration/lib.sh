@@ -77,23 +77,32 @@ fail() {
 
 # ---------------------------------------------------------------- processes
 
-# Stops one process we started: SIGTERM, up to $2 seconds, then SIGKILL.
+# wait_gone PID SECONDS: waits until process PID has ended, at most SECONDS; status 1 if it still runs then.
+# Woken by the process's pidfd (Linux 5.3, Python 3.9), so it works for any process, our child or not; a child
+# is still to be reaped with `wait`.
+wait_gone() {
+  python3 - "$1" "$2" <<'PY'
+import os, select, sys
+try:
+    pidfd = os.pidfd_open(int(sys.argv[1]))
+except ProcessLookupError:
+    sys.exit(0)
+sys.exit(0 if select.select([pidfd], [], [], float(sys.argv[2]))[0] else 1)
+PY
+}
+
+# Stops one process we started: SIGTERM, up to $2 seconds for it to end, then SIGKILL.
 _stop_pid() {
-  local pid="$1" grace="${2:-5}" i
+  local pid="$1" grace="${2:-5}"
   kill -0 "$pid" 2>/dev/null || return 0
   kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < grace * 10; i++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
+  wait_gone "$pid" "$grace" || kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }
 
 _cleanup() {
   local rc=$? pid
+  if [ -n "$FOLLOW_PID" ]; then kill "$FOLLOW_PID" 2>/dev/null || true; fi
   for pid in "${STARTED_PIDS[@]+"${STARTED_PIDS[@]}"}"; do
     _stop_pid "$pid" 5
   done
@@ -113,58 +122,103 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
 }
 
+# file_size FILE: its size in bytes, 0 if it does not exist.
+file_size() {
+  stat -c %s "$1" 2>/dev/null || echo 0
+}
+
+# follow FILE FROM SECONDS PID COMMAND [ARGS...]: runs COMMAND (in this shell: a function may set variables) with
+# FILE on its standard input, from byte FROM (0: the start) on, then each write to it as it happens (GNU tail -F,
+# woken by inotify: nothing polls), until COMMAND exits; COMMAND's status is follow's. The input ends after
+# SECONDS (at least 1), or once process PID (if not empty) has ended and the file is read to its end. FILE need
+# not exist yet.
+FOLLOW_PID=""
+follow() {
+  local file="$1" from="$2" limit="$3" pid="$4" input status=0
+  shift 4
+  [ "$limit" -ge 1 ] || limit=1
+  exec {input}< <(exec timeout "$limit" tail -c +"$((from + 1))" -F ${pid:+--pid="$pid"} -- "$file" 2>/dev/null)
+  FOLLOW_PID=$!
+  "$@" <&"$input" || status=$?
+  exec {input}<&-
+  kill "$FOLLOW_PID" 2>/dev/null || true
+  FOLLOW_PID=""
+  return "$status"
+}
+
+# next_line FILE FROM SECONDS PID REGEX [COUNT]: prints the first COUNT (default 1) lines of FILE past byte FROM
+# that match REGEX (grep -E), as soon as they are written; status 1 if fewer did within SECONDS, or before process
+# PID (if not empty) ended.
+next_line() {
+  local count="${6:-1}" lines
+  lines="$(follow "$1" "$2" "$3" "$4" grep -E -m "$count" -- "$5")" || return 1
+  [ "$(grep -c '' <<<"$lines")" -ge "$count" ] || return 1
+  printf '%s\n' "$lines"
+}
+
+# until_logged REGEX SECONDS COMMAND [ARGS...]: runs COMMAND, then again after each new line of the server's log
+# ($SERVER_LOG) that matches REGEX (grep -E), until it succeeds; status 1 if it has not within SECONDS (or the
+# server ended). For a state the server logs a line about when it changes.
+until_logged() {
+  local regex="$1" limit="$2" from
+  shift 2
+  from="$(file_size "$SERVER_LOG")"
+  "$@" </dev/null && return 0
+  follow "$SERVER_LOG" "$from" "$limit" "$SERVER_PID" _run_on_lines "$regex" "$@"
+}
+_run_on_lines() {
+  local regex="$1" line
+  shift
+  while IFS= read -r line; do
+    if [[ $line =~ $regex ]] && "$@" </dev/null; then return 0; fi
+  done
+  return 1
+}
+
+# await_listening OUT PID: waits (at most 10 s) for process PID, whose stdout goes to OUT, to print its first line
+# `listening <port>`; sets LISTENING_PORT. Fails if the process ends first.
+LISTENING_PORT=""
+await_listening() {
+  local line
+  line="$(next_line "$1" 0 10 "$2" '^listening [0-9]+')" \
+    || fail "process $2 did not print 'listening <port>' within 10 s, or ended: $(head -c 2000 "$1")"
+  line="${line#listening }"
+  LISTENING_PORT="${line%% *}"
+}
+
 # Starts the fixture upstream on a port of its choosing; its first stdout line
 # is `listening <port>`. Sets UPSTREAM and UPSTREAM_PID.
 start_upstream() {
-  local out="$TMP/upstream.out" port="" i
+  local out="$TMP/upstream.out"
   [ -f "$UPSTREAM_SCRIPT" ] || fail "fixture $UPSTREAM_SCRIPT is missing"
-  # Made here: the background job opens it only when it gets to run.
-  : >"$out"
   python3 "$UPSTREAM_SCRIPT" --port 0 >"$out" 2>"$TMP/upstream.err" &
   UPSTREAM_PID=$!
   STARTED_PIDS+=("$UPSTREAM_PID")
-  for ((i = 0; i < 100; i++)); do
-    port="$(sed -n '1s/^listening \([0-9][0-9]*\).*$/\1/p' "$out")"
-    [ -n "$port" ] && break
-    kill -0 "$UPSTREAM_PID" 2>/dev/null || fail "upstream fixture exited: $(cat "$TMP/upstream.err")"
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "upstream fixture did not print 'listening <port>' within 10 s"
-  UPSTREAM="http://127.0.0.1:$port"
+  await_listening "$out" "$UPSTREAM_PID"
+  UPSTREAM="http://127.0.0.1:$LISTENING_PORT"
   log "upstream at $UPSTREAM"
 }
 
-# start_server_on DB [FLAGS...]: starts jobserver on a free loopback port with
-# that database and waits (up to 20 s) for /healthz. Sets BASE, SERVER_PID,
-# SERVER_PORT, SERVER_DB, SERVER_LOG, SERVER_ARGS.
+# start_server_on DB [FLAGS...]: starts jobserver with that database on a loopback port the kernel picks (--port 0)
+# and waits (up to 20 s) for its log line `listening`, which names the port. Sets BASE, SERVER_PID, SERVER_PORT,
+# SERVER_DB, SERVER_LOG, SERVER_ARGS.
 start_server_on() {
-  local db="$1" attempt i code
+  local db="$1" line
   shift
   SERVER_SEQ=$((SERVER_SEQ + 1))
   SERVER_DB="$db"
   SERVER_LOG="$TMP/server-$SERVER_SEQ.log"
   SERVER_ARGS=("$@")
-  # The port is chosen, released, then bound by the server: retry on a lost race.
-  for attempt in 1 2 3; do
-    SERVER_PORT="$(free_port)"
-    BASE="http://127.0.0.1:$SERVER_PORT"
-    "$JOBSERVER_BIN" serve --host 127.0.0.1 --port "$SERVER_PORT" --db "$db" "$@" \
-      >>"$SERVER_LOG" 2>&1 &
-    SERVER_PID=$!
-    STARTED_PIDS+=("$SERVER_PID")
-    for ((i = 0; i < 200; i++)); do
-      code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$BASE/healthz" 2>/dev/null || true)"
-      [ "$code" = 200 ] && { log "server $SERVER_SEQ at $BASE (pid $SERVER_PID)"; return 0; }
-      kill -0 "$SERVER_PID" 2>/dev/null || break
-      sleep 0.1
-    done
-    if kill -0 "$SERVER_PID" 2>/dev/null; then
-      fail "server did not answer 200 on /healthz within 20 s"
-    fi
-    wait "$SERVER_PID" 2>/dev/null || true
-    log "server exited at start (attempt $attempt), retrying on another port"
-  done
-  fail "server would not start: $JOBSERVER_BIN serve --port $SERVER_PORT --db $db $*"
+  "$JOBSERVER_BIN" serve --host 127.0.0.1 --port 0 --db "$db" "$@" >>"$SERVER_LOG" 2>&1 &
+  SERVER_PID=$!
+  STARTED_PIDS+=("$SERVER_PID")
+  if ! line="$(next_line "$SERVER_LOG" 0 20 "$SERVER_PID" '"msg":"listening"')"; then
+    kill -0 "$SERVER_PID" 2>/dev/null && fail "server did not log that it listens within 20 s"
+    fail "server exited at start: $JOBSERVER_BIN serve --port 0 --db $db $*"
+  fi
+  SERVER_PORT="$(jq -r .port <<<"$line")"
+  BASE="http://127.0.0.1:$SERVER_PORT"
+  log "server $SERVER_SEQ at $BASE (pid $SERVER_PID)"
 }
 
 # start_server [FLAGS...]: like start_server_on, with a fresh database.
@@ -179,14 +233,10 @@ start_server() {
 # was killed).
 SERVER_EXIT=""
 stop_server() {
-  local pid="$1" limit="${2:-15}" i
+  local pid="$1" limit="${2:-15}"
   SERVER_EXIT=""
   kill -TERM "$pid" 2>/dev/null || { SERVER_EXIT="gone"; return 0; }
-  for ((i = 0; i < limit * 10; i++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
+  if ! wait_gone "$pid" "$limit"; then
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     SERVER_EXIT="timeout"
@@ -324,40 +374,81 @@ wait_settled() {
   fail "job $id not settled within ${limit}s (state $state)"
 }
 
-# wait_state ID STATE [SECONDS]: follows the job's versions with long-polls
-# until its state is STATE (default limit 15 s).
-wait_state() {
-  local id="$1" want="$2" limit="${3:-15}" deadline version state i
-  deadline=$((SECONDS + limit))
-  fetch_job "$id"
-  for ((i = 0; i < 200; i++)); do
-    state="$(jget .state)"
-    [ "$state" = "$want" ] && return 0
-    is_settled "$state" && fail "job $id settled as $state while waiting for $want"
-    [ "$SECONDS" -lt "$deadline" ] || break
-    version="$(jget .version)"
-    api GET "/v1/jobs/$id?wait=2&since=$version"
-    expect_status 200
-  done
-  fail "job $id not $want within ${limit}s (state $state)"
+# poll_seconds DEADLINE: the wait= of a long-poll that is to end by DEADLINE (a value of $SECONDS): 1 to 60.
+poll_seconds() {
+  local left=$(($1 - SECONDS))
+  if ((left < 1)); then left=1; fi
+  if ((left > 60)); then left=60; fi
+  echo "$left"
 }
 
-# wait_nodes_state ID STATE NODE...: polls the node list (every 0.1 s, up to
-# 15 s) until each named node is in STATE.
-wait_nodes_state() {
-  local id="$1" want="$2" i n ok
-  shift 2
-  for ((i = 0; i < 150; i++)); do
+# wait_job ID FILTER [SECONDS]: until FILTER (jq, on the job) is true, long-polling the job's next version
+# between looks (default limit 15 s). Leaves the job in RESP.
+wait_job() {
+  local id="$1" filter="$2" limit="${3:-15}" deadline version i
+  deadline=$((SECONDS + limit))
+  fetch_job "$id"
+  for ((i = 0; i <= limit * 100; i++)); do
+    [ "$(jget "$filter")" = true ] && return 0
+    [ "$SECONDS" -lt "$deadline" ] || break
+    version="$(jget .version)"
+    api GET "/v1/jobs/$id?wait=$(poll_seconds "$deadline")&since=$version"
+    expect_status 200
+  done
+  fail "job $id: $filter not true within ${limit}s (state $(jget .state))"
+}
+
+# wait_state ID STATE [SECONDS]: follows the job's versions with long-polls
+# until its state is STATE (default limit 15 s); fails if it settles otherwise.
+wait_state() {
+  local id="$1" want="$2" state
+  wait_job "$id" "(.state == \"$want\") or (.state | IN(\"succeeded\", \"failed\", \"cancelled\", \"skipped\"))" "${3:-15}"
+  state="$(jget .state)"
+  [ "$state" = "$want" ] || fail "job $id settled as $state while waiting for $want"
+}
+
+# wait_nodes ID FILTER [SECONDS]: until FILTER (jq, on the node list {"nodes": [...]}) is true, long-polling the
+# job's next version between looks (default limit 15 s; 0: one look); status 1 if it is not true by then. Leaves
+# the node list in RESP.
+wait_nodes() {
+  local id="$1" filter="$2" limit="${3:-15}" deadline version i
+  if ((limit < 0)); then limit=0; fi
+  deadline=$((SECONDS + limit))
+  for ((i = 0; i <= limit * 100; i++)); do
+    # The version before the nodes: a change after it, even one the node list already shows, ends the long-poll.
+    fetch_job "$id"
+    version="$(jget .version)"
     api GET "/v1/jobs/$id/nodes"
     expect_status 200
-    ok=1
-    for n in "$@"; do
-      [ "$(jq -r --arg n "$n" '.nodes[] | select(.id == $n) | .state' <<<"$RESP")" = "$want" ] || { ok=0; break; }
-    done
-    [ "$ok" = 1 ] && return 0
-    sleep 0.1
+    [ "$(jget "$filter")" = true ] && return 0
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    api GET "/v1/jobs/$id?wait=$(poll_seconds "$deadline")&since=$version"
+    expect_status 200
   done
-  fail "nodes $* of job $id not all $want within 15 s"
+  return 1
+}
+
+# wait_nodes_state ID STATE NODE...: waits (up to 15 s) until each named node is in STATE.
+wait_nodes_state() {
+  local id="$1" want="$2" names
+  shift 2
+  names="$(printf '%s\n' "$@" | jq -R . | jq -sc .)"
+  wait_nodes "$id" "$names as \$n | [.nodes[] | select(.id | IN(\$n[]))] | length == (\$n | length) and all(.state == \"$want\")" 15 \
+    || fail "nodes $* of job $id not all $want within 15 s"
+}
+
+# wait_notify ID STATE [SECONDS]: waits (default 20 s) until the job's webhook delivery has ended (the server logs
+# a line "webhook" naming the job once it recorded it delivered or failed), then expects notify.state STATE.
+# Leaves the job in RESP.
+wait_notify() {
+  local id="$1" want="$2" limit="${3:-20}"
+  until_logged "\"msg\":\"webhook\",\"job\":\"$id\"" "$limit" _notify_ended "$id" \
+    || fail "job $id: notify.state is $(jget .notify.state), not $want, after ${limit}s"
+  expect_jq .notify.state "$want"
+}
+_notify_ended() {
+  fetch_job "$1"
+  [ "$(jget .notify.state)" != pending ]
 }
 
 # node_field ID NODE FILTER: FILTER applied to one node from the node list
@@ -394,14 +485,19 @@ upstream_count() {
   ustats "(.counters[\"$1\"] // 0) | if type == \"object\" then (.count // .requests // 0) else . end"
 }
 
-# wait_upstream FILTER [SECONDS]: polls /stats until FILTER is true (default 5 s).
+# wait_upstream FILTER [SECONDS]: until FILTER (jq, on the upstream's /stats) is true (default limit 5 s),
+# long-polling /stats for its next change (?after=<generation>) between looks.
 wait_upstream() {
-  local filter="$1" limit="${2:-5}" i
-  for ((i = 0; i < limit * 10; i++)); do
-    [ "$(ustats "$filter")" = true ] && return 0
-    sleep 0.1
+  local filter="$1" limit="${2:-5}" deadline stats i
+  deadline=$((SECONDS + limit))
+  stats="$(curl -sS --max-time 5 "$UPSTREAM/stats")" || fail "upstream /stats failed"
+  for ((i = 0; i <= limit * 100; i++)); do
+    [ "$(jq -rc "$filter" <<<"$stats" 2>/dev/null)" = true ] && return 0
+    [ "$SECONDS" -lt "$deadline" ] || break
+    stats="$(curl -sS --max-time 40 "$UPSTREAM/stats?after=$(jq .generation <<<"$stats")&wait=$(poll_seconds "$deadline")")" \
+      || fail "upstream /stats failed"
   done
-  fail "upstream /stats never satisfied $filter within ${limit}s: $(ustats .)"
+  fail "upstream /stats never satisfied $filter within ${limit}s: $stats"
 }
 
 # ---------------------------------------------------------------- raw HTTP
@@ -483,20 +579,22 @@ start_pg_cluster() {
 }
 psql_() { psql "$url" -qAtX -v ON_ERROR_STOP=1 -c "$1"; }
 
-# start_node N PORT [FLAGS...]: server N on $url (needs TTL) (its pid in $TMP/node-N.pid, PGAPPNAME server-N, --lease-ttl
-# $TTL, its log in $TMP/node-N.log) on PORT; waits (at most 20 s) for /healthz.
+# start_node N PORT [FLAGS...]: server N on $url (needs TTL) on PORT (0: one the kernel picks), its pid in
+# $TMP/node-N.pid, PGAPPNAME server-N, --lease-ttl $TTL, its log appended to $TMP/node-N.log; waits (at most 20 s)
+# for its log line `listening` and sets NODE_PORT to the port it names. Status 1 (the reason on stderr) if the
+# server ends first or does not listen in time.
+NODE_PORT=""
 start_node() {
-  local n="$1" port="$2" i pid
+  local n="$1" port="$2" log="$TMP/node-$1.log" from line pid
   shift 2
+  from="$(file_size "$log")"
   PGAPPNAME="server-$n" "$JOBSERVER_BIN" serve --host 127.0.0.1 --port "$port" --db "$url" --lease-ttl "$TTL" \
-    --log-level warning "$@" >>"$TMP/node-$n.log" 2>&1 &
+    "$@" >>"$log" 2>&1 &
   pid=$!
   echo "$pid" >"$TMP/node-$n.pid"
-  for ((i = 0; i < 200; i++)); do
-    curl -fsS -o /dev/null --max-time 2 "http://127.0.0.1:$port/healthz" 2>/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || { echo "server $n exited: $(tail -3 "$TMP/node-$n.log")" >&2; return 1; }
-    sleep 0.1
-  done
-  echo "server $n did not answer /healthz" >&2
-  return 1
+  if ! line="$(next_line "$log" "$from" 20 "$pid" '"msg":"listening"')"; then
+    echo "server $n did not log that it listens within 20 s, or ended: $(tail -3 "$log")" >&2
+    return 1
+  fi
+  NODE_PORT="$(jq -r .port <<<"$line")"
 }

@@ -106,18 +106,16 @@ ustats_reset
 big="$(ids_then_users 1000 ', "concurrency": 16' '"delay_ms": "20"')"
 submit "$big"
 job="$JOB_ID"
-for ((i = 0; i < 300; i++)); do
-  fetch_job "$job"
-  [ "$(jget .progress.succeeded)" -ge 450 ] && break
-  sleep 0.05
-done
+wait_job "$job" '.progress.succeeded >= 450' 30
 [ "$(jget .progress.total)" = 1003 ] || fail "the map's copies do not count in progress.total"
 api GET "/v1/jobs/$job/nodes"
 jq -r '.nodes[] | select((.id | startswith("users.")) and .state == "succeeded") | .id' <<<"$RESP" >"$TMP/settled"
 settled=$(wc -l <"$TMP/settled")
 [ "$settled" -ge 400 ] && [ "$settled" -lt 1000 ] || fail "expected the map half done, $settled copies settled"
-# The engine's writes trail its state by a batch: give them time to commit.
-sleep 0.5
+# The engine's writes trail its state by a batch: a node's response body is read from the store, so it is
+# answered once the store has committed everything handed to it before, the states listed above among them.
+api GET "/v1/jobs/$job/nodes/$(head -1 "$TMP/settled")/body"
+expect_status 200
 kill -KILL "$SERVER_PID"
 wait "$SERVER_PID" 2>/dev/null || true
 log "killed with $settled of 1000 copies settled"

@@ -62,27 +62,16 @@ expect_status 404
 
 step "a notify webhook, written by the outbox triggers: delivered on the second attempt"
 : >"$TMP/hooks.log"
-# Made here: the background job opens it only when it gets to run.
-: >"$TMP/receiver.out"
 python3 Tests/Integration/webhook_receiver.py "$TMP/hooks.log" 127.0.0.1 >"$TMP/receiver.out" 2>&1 &
-STARTED_PIDS+=("$!")
-receiver=""
-for ((i = 0; i < 100; i++)); do
-  receiver="$(awk '/^listening/ { print $2 }' "$TMP/receiver.out")"
-  [ -n "$receiver" ] && break
-  sleep 0.1
-done
-[ -n "$receiver" ] || fail "webhook receiver did not start: $(cat "$TMP/receiver.out")"
+receiver_pid=$!
+STARTED_PIDS+=("$receiver_pid")
+await_listening "$TMP/receiver.out" "$receiver_pid"
+receiver="$LISTENING_PORT"
 submit "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"},\"notify\":{\"url\":\"http://127.0.0.1:$receiver/fail/1\"}}"
 hooked="$JOB_ID"
 expect_jq .notify.state pending
 wait_settled "$hooked"
-for ((i = 0; i < 100; i++)); do
-  fetch_job "$hooked"
-  [ "$(jget .notify.state)" = delivered ] && break
-  sleep 0.1
-done
-expect_jq .notify.state delivered
+wait_notify "$hooked" delivered 10
 expect_jq .notify.attempts 2
 
 step "listing"

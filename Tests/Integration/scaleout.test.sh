@@ -36,8 +36,11 @@ step "cluster"
 start_pg_cluster
 start_upstream
 
-PORTS=("$(free_port)" "$(free_port)" "$(free_port)")
-for n in 0 1 2; do start_node "$n" "${PORTS[$n]}" --max-per-host 64 || fail "server $n did not start"; done
+PORTS=()
+for n in 0 1 2; do
+  start_node "$n" 0 --max-per-host 64 || fail "server $n did not start"
+  PORTS+=("$NODE_PORT")
+done
 node() { echo "http://127.0.0.1:${PORTS[$1]}"; }
 log "servers at ${PORTS[*]}"
 
@@ -50,7 +53,8 @@ began=$SECONDS
 api GET "$(node 1)/v1/jobs/$polled?wait=30"
 expect_status 200
 expect_jq .state succeeded
-[ $((SECONDS - began)) -lt 10 ] || fail "a long-poll on another server took $((SECONDS - began)) s to see the job settle"
+# Answered before its own wait=30 ran out: woken by the change, not by its timer.
+[ $((SECONDS - began)) -lt 30 ] || fail "a long-poll on another server answered only when its wait ran out"
 
 step "an event stream on one server follows the job running on another until it settles"
 children=""
@@ -103,7 +107,7 @@ import json, sys, time, urllib.request, urllib.error
 from concurrent.futures import ThreadPoolExecutor
 jobs, upstream, nodes = int(sys.argv[1]), sys.argv[2], sys.argv[3:6]
 sys.path.insert(0, "Tests/Integration")
-from scaleout_client import call
+from scaleout_client import call, wait_upstream
 problems = []
 def check(what, got, want_status, test):
     status, body = got
@@ -129,11 +133,11 @@ with ThreadPoolExecutor(8) as pool:
         print("\n".join(problems[:10]), file=sys.stderr); sys.exit(1)
     list(pool.map(read, range(jobs), ids))
     # Before the cancels: a cancelled transfer's request stays counted by the upstream until it sees the
-    # disconnect, while the slot it freed already serves another fetch.
-    time.sleep(1)
-    with urllib.request.urlopen(upstream + "/stats") as answer:
-        most = json.load(answer)["max_active_by_path_prefix"].get("/delay", 0)
-    open(sys.argv[6], "w").write(str(most))
+    # disconnect, while the slot it freed already serves another fetch. Once 64 hang there, every slot is taken.
+    stats = wait_upstream(upstream, lambda stats: stats["max_active_by_path_prefix"].get("/delay", 0) >= 64, 30)
+    if stats is None:
+        print("fewer than 64 fetches ever hung upstream at once", file=sys.stderr); sys.exit(1)
+    open(sys.argv[6], "w").write(str(stats["max_active_by_path_prefix"]["/delay"]))
     for step in (cancel, reread):
         list(pool.map(step, range(jobs), ids))
 if problems:
@@ -176,8 +180,8 @@ RATE=20
 RATE_FETCHES=60
 RATE_PORTS=()
 for r in 0 1 2; do
-  RATE_PORTS+=("$(free_port)")
-  start_node "r$r" "${RATE_PORTS[$r]}" --max-per-host 64 --host-rate "127.0.0.1=$RATE/s" || fail "rate server $r did not start"
+  start_node "r$r" 0 --max-per-host 64 --host-rate "127.0.0.1=$RATE/s" || fail "rate server $r did not start"
+  RATE_PORTS+=("$NODE_PORT")
 done
 curl -fsS -X POST -o /dev/null "$UPSTREAM/stats/reset"
 rate_ids=()
@@ -230,15 +234,24 @@ done
 (
   set +e
   round=0
-  while :; do
-    sleep 2.5
+  # SIGTERM ends the chaos between rounds, never between a restarted server's start and its pid file (which would
+  # leave it running unknown to the cleanup).
+  stopping=""
+  trap 'stopping=1' TERM
+  while [ -z "$stopping" ]; do
+    # The chaos's own pace, one kill every 2.5 s: not a wait for an event.
+    sleep 2.5 &
+    pacer=$!
+    wait "$pacer"
+    kill "$pacer" 2>/dev/null
+    [ -z "$stopping" ] || break
     n=$((round % 3))
     round=$((round + 1))
     victim="$(cat "$TMP/node-$n.pid")"
     echo "$(date +%s.%N) kill $n" >>"$TMP/chaos.log"
     kill -KILL "$victim" 2>/dev/null
     # Not this subshell's child (but the first time): wait for it to be gone.
-    for ((i = 0; i < 50; i++)); do kill -0 "$victim" 2>/dev/null || break; sleep 0.1; done
+    wait_gone "$victim" 5
     echo "$(date +%s.%N) killed $n" >>"$TMP/chaos.log"
     start_node "$n" "${PORTS[$n]}" --max-per-host 64 >>"$TMP/chaos.log" 2>&1 || echo "restart of $n failed" >>"$TMP/chaos.log"
   done
@@ -284,8 +297,6 @@ else:
                 status, listing = call("GET", nodes[i % 3] + "/v1/jobs/" + id + "/nodes")
                 if status == 200:
                     return {"key": key, "nodes": [{k: n[k] for k in ("id", "state", "finished_at")} for n in listing["nodes"]]}
-            if status == 0:
-                time.sleep(0.2)
         return "job %s: no answer" % id
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(settle, open(path).read().split("\n")[:-1]))
@@ -301,17 +312,14 @@ PY
 template="{\"graph\":{\"type\":\"sequence\",\"children\":[$children]}}"
 accepted="$(chaos_py submit "$TMP/accepted.txt" "$(node 0)" "$(node 1)" "$(node 2)" "$CHAOS_JOBS" "$template")"
 log "$accepted of $CHAOS_JOBS submissions answered 201 (${SECONDS}s)"
-# Through six kills in all and one more after the last submission, however fast the machine is, while the jobs run.
-kills_at_submit="$(grep -c killed "$TMP/chaos.log" 2>/dev/null)" || kills_at_submit=0
-for ((i = 0; i < 150; i++)); do
-  kills="$(grep -c killed "$TMP/chaos.log" 2>/dev/null)" || kills=0
-  [ "$kills" -ge 6 ] && [ "$kills" -gt "$kills_at_submit" ] && break
-  sleep 0.1
-done
+# Through six kills in all and one more after the last submission, however fast the machine is, while the jobs run
+# (for 30 s at most).
+kills_at_submit="$(grep -cE ' killed [0-9]+$' "$TMP/chaos.log" 2>/dev/null)" || kills_at_submit=0
+next_line "$TMP/chaos.log" 0 30 "$CHAOS_PID" ' killed [0-9]+$' $((kills_at_submit < 6 ? 6 : kills_at_submit + 1)) >/dev/null || true
 kill "$CHAOS_PID" 2>/dev/null || true
 wait "$CHAOS_PID" 2>/dev/null || true
 CHAOS_PID=""
-log "kills: $(grep -c killed "$TMP/chaos.log") (${SECONDS}s)"
+log "kills: $(grep -cE ' killed [0-9]+$' "$TMP/chaos.log") (${SECONDS}s)"
 for n in 0 1 2; do
   kill -0 "$(cat "$TMP/node-$n.pid")" 2>/dev/null || start_node "$n" "${PORTS[$n]}" --max-per-host 64 || fail "server $n did not start again"
 done
@@ -397,21 +405,33 @@ stopped_id="$(jget .id)"
 stopped_pid="$(cat "$TMP/node-0.pid")"
 NODE_PIDS+=("$stopped_pid")
 BASE="$(node 1)"
-wait_state "$stopped_id" running
-sleep 1
+# Stopped with two of its fetches done.
+wait_nodes_state "$stopped_id" succeeded f1
 kill -STOP "$stopped_pid"
 stop_at="$(date +%s.%N)"
-sleep 5
+# Stopped until another server has taken the job over, past --lease-ttl, and written to it; the job's versions,
+# followed through server 1, move as it goes on there.
+fetch_job "$stopped_id"
+deadline=$((SECONDS + 30))
+for ((i = 0; i < 3000; i++)); do
+  version="$(jget .version)"
+  [ "$(psql_ "SELECT count(*) FROM scaleout_writes WHERE job_id = '$stopped_id' AND app <> 'server-0'")" -gt 0 ] && break
+  [ "$SECONDS" -lt "$deadline" ] || fail "no other server wrote the job within 30 s of the stop: it was not taken over"
+  api GET "/v1/jobs/$stopped_id?wait=$(poll_seconds "$deadline")&since=$version"
+  expect_status 200
+done
+cont_from="$(file_size "$TMP/node-0.log")"
 kill -CONT "$stopped_pid"
 cont_at="$(date +%s.%N)"
 wait_settled "$stopped_id" 40
 expect_jq .state succeeded
-sleep 1
+# Once resumed, the server finds its lease lost and drops the job: what it wrote or fetched until then is checked.
+next_line "$TMP/node-0.log" "$cont_from" 30 "$stopped_pid" "lease lost.*\"job\":\"$stopped_id\"" >/dev/null \
+  || fail "the resumed server did not drop the job: $(tail -5 "$TMP/node-0.log")"
 taken="$(psql_ "SELECT min(at) FROM scaleout_writes WHERE job_id = '$stopped_id' AND app <> 'server-0'")"
 [ -n "$taken" ] || fail "no other server wrote the job: it was not taken over"
 late="$(psql_ "SELECT count(*) FROM scaleout_writes WHERE job_id = '$stopped_id' AND app = 'server-0' AND at >= '$taken'")"
 [ "$late" = 0 ] || fail "the stopped server wrote $late rows of the job after another server took it over"
-grep -q "lease lost" "$TMP/node-0.log" || fail "the resumed server did not drop the job: $(tail -5 "$TMP/node-0.log")"
 curl -fsS "$UPSTREAM/stats" >"$TMP/stats.json"
 python3 - "$TMP/stats.json" "$stopped_pid" "$cont_at" <<'PY' || fail "the resumed server fetched for the job it lost"
 import json, sys

@@ -46,28 +46,23 @@ expect_jq '.result[2].body_encoding' text
 # ------------------------------------------------------------------ first result
 step "fire_on_first_result: the first success itself; the slower sibling is cancelled"
 ustats_reset
-t0="$(millis)"
 # The 500 comes first, the 300 ms delay second: a failure does not fire the list.
 run_job "{\"type\":\"list\",\"fire_on_first_result\":true,\"children\":[$(fetch /delay/5000),$(fetch /status/500),$(fetch /delay/300)]}"
-t1="$(millis)"
 expect_jq .state succeeded
 expect_jq '.result.status' 200
 expect_jq '.result.url' "$UPSTREAM/delay/300"
-[ $((t1 - t0)) -lt 4000 ] || fail "fire_on_first_result waited for the slow child ($((t1 - t0)) ms)"
+# Cancelled, not succeeded: the list did not wait for the slow child.
 expect_node "$JOB_ID" root.0 .state cancelled
 expect_node "$JOB_ID" root.1 .state failed
 expect_node "$JOB_ID" root.2 .state succeeded
-wait_upstream '.disconnects >= 1'
+wait_upstream '(.disconnects | length) >= 1'
 
 step "fire_on_first_result with cancel_remaining false: the others run to the end"
 run_job "{\"type\":\"list\",\"fire_on_first_result\":true,\"cancel_remaining\":false,\"children\":[$(fetch /json),$(fetch /delay/300)]}"
 expect_jq .state succeeded
 expect_jq '.result.url' "$UPSTREAM/json"
 keep="$JOB_ID"
-for ((i = 0; i < 50; i++)); do
-  [ "$(node_field "$keep" root.1 .state)" = succeeded ] && break
-  sleep 0.1
-done
+wait_nodes_state "$keep" succeeded root.1
 expect_node "$keep" root.1 .state succeeded
 
 step "fire_on_first_result, every child fails: all_failed with each error in child order"
@@ -128,7 +123,8 @@ t1="$(millis)"
 expect_jq .state failed
 expect_jq .error.kind timeout
 expect_jq .error.node root
-[ $((t1 - t0)) -lt 4000 ] || fail "timeout_ms 700 settled after $((t1 - t0)) ms"
+# Its children hang: only the timeout can have settled it, and not before its time.
+[ $((t1 - t0)) -ge 700 ] || fail "timeout_ms 700 settled after $((t1 - t0)) ms"
 to="$JOB_ID"
 api GET "/v1/jobs/$to/nodes"
 expect_status 200
@@ -141,7 +137,7 @@ run_job "{\"type\":\"list\",\"children\":[$(fetch /hang),$(fetch /hang)]}" '"dea
 t1="$(millis)"
 expect_jq .state failed
 expect_jq .error.kind timeout
-[ $((t1 - t0)) -lt 4000 ] || fail "deadline_ms 600 settled after $((t1 - t0)) ms"
+[ $((t1 - t0)) -ge 600 ] || fail "deadline_ms 600 settled after $((t1 - t0)) ms"
 expect_node "$JOB_ID" root.0 .state cancelled
 expect_node "$JOB_ID" root.1 .state cancelled
 

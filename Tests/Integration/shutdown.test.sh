@@ -32,43 +32,53 @@ first_result="$(node_field "$resumable" first .result)"
 step "an open long-poll on the running job"
 fetch_job "$resumable"
 version="$(jget .version)"
-curl -sS --max-time 40 -o "$TMP/poll.body" -w '%{http_code}' \
+curl -sS --max-time 40 --trace-ascii "$TMP/poll.trace" -o "$TMP/poll.body" -w '%{http_code}' \
   "$BASE/v1/jobs/$resumable?wait=30&since=$version" >"$TMP/poll.status" 2>"$TMP/poll.err" &
 poll_pid=$!
 STARTED_PIDS+=("$poll_pid")
-# Let the poll reach the server and park before the signal.
-sleep 0.5
+# The poll must wait in the server before the signal. Only /metrics tells (jobserver_long_polls_waiting), and
+# nothing announces it: it is read once curl has sent the request (the server takes a request in as it arrives),
+# and read again at once, a bounded number of times, should it have been read before that.
+next_line "$TMP/poll.trace" 0 10 "$poll_pid" '^=> Send header' >/dev/null \
+  || fail "curl did not send the long-poll: $(cat "$TMP/poll.err")"
+waiting=0
+for ((i = 0; i < 50 && waiting < 1; i++)); do
+  api GET /metrics
+  expect_status 200
+  waiting="$(awk '$1 == "jobserver_long_polls_waiting" { print $2 }' <<<"$RESP")"
+done
+[ "${waiting:-0}" -ge 1 ] || fail "the long-poll is not waiting in the server (jobserver_long_polls_waiting ${waiting:-missing})"
 kill -0 "$poll_pid" 2>/dev/null || fail "the long-poll answered before any change: $(cat "$TMP/poll.status")"
 
 step "SIGTERM"
+from="$(file_size "$SERVER_LOG")"
 t0="$(millis)"
 kill -TERM "$first_pid"
 
 step "from the moment shutdown begins: /healthz 503, no 201"
-saw_503=0
-for ((i = 0; i < 40; i++)); do
-  code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$BASE/healthz" 2>/dev/null || true)"
-  if [ "$code" = 503 ]; then saw_503=1; break; fi
-  if [ "$code" = 000 ] || [ -z "$code" ]; then break; fi
-  sleep 0.05
-done
-if [ "$saw_503" = 1 ]; then
-  api POST /v1/jobs "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}}"
-  expect_status 503 000
-  if [ "$STATUS" = 503 ]; then expect_jq .error.code shutting_down; fi
-else
-  log "the server stopped listening before /healthz could be asked (allowed)"
+next_line "$SERVER_LOG" "$from" 10 "$first_pid" '"msg":"shutting down"' >/dev/null \
+  || fail "the server did not log 'shutting down' within 10 s of SIGTERM"
+health() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$BASE/healthz" 2>/dev/null || true; }
+code="$(health)"
+if [ "$code" = 200 ]; then
+  # Asked between the line and the shutdown it announces: shutdown answers open long-polls once it refuses new
+  # work, so after that answer it must hold.
+  wait_gone "$poll_pid" 10 || fail "the long-poll is still open 10 s after SIGTERM"
+  code="$(health)"
 fi
+case "$code" in
+  503)
+    api POST /v1/jobs "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}}"
+    expect_status 503 000
+    if [ "$STATUS" = 503 ]; then expect_jq .error.code shutting_down; fi
+    ;;
+  000 | "") log "the server stopped listening before /healthz could be asked (allowed)" ;;
+  *) fail "/healthz answered $code once shutdown had begun" ;;
+esac
 
 step "the server exits 0 within the grace period"
 limit_ms=$(( (grace_s + 3) * 1000 ))
-for ((i = 0; i < (grace_s + 3) * 20; i++)); do
-  kill -0 "$first_pid" 2>/dev/null || break
-  sleep 0.05
-done
-if kill -0 "$first_pid" 2>/dev/null; then
-  fail "the server still runs $limit_ms ms after SIGTERM (grace ${grace_s}s)"
-fi
+wait_gone "$first_pid" $((grace_s + 3)) || fail "the server still runs $limit_ms ms after SIGTERM (grace ${grace_s}s)"
 rc=0
 wait "$first_pid" || rc=$?
 t1="$(millis)"
@@ -76,11 +86,7 @@ t1="$(millis)"
 log "exited 0 after $((t1 - t0)) ms"
 
 step "the long-poll got a complete answer"
-for ((i = 0; i < 100; i++)); do
-  kill -0 "$poll_pid" 2>/dev/null || break
-  sleep 0.05
-done
-kill -0 "$poll_pid" 2>/dev/null && fail "the long-poll is still open after the server exited"
+wait_gone "$poll_pid" 10 || fail "the long-poll is still open after the server exited"
 poll_rc=0
 wait "$poll_pid" || poll_rc=$?
 [ "$poll_rc" = 0 ] || fail "the long-poll failed (curl $poll_rc): $(cat "$TMP/poll.err")"

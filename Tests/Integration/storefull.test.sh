@@ -50,8 +50,9 @@ log "store on a $tmpfs_size tmpfs, $clients clients, disk full for ${full_s}s"
 
 # Each client submits jobs in a loop (a list of two fetches, one slow), cancels
 # every fifth one it got, reads its job back, lists now and then, and honours
-# Retry-After (at most 0.2 s here, to keep the load on). It writes every status
-# it saw, and the id of every 201, until $TMP/stop exists.
+# Retry-After (at most 0.2 s here, to keep the load on). It prints `going` once
+# its first job is accepted, and writes every status it saw, and the id of
+# every 201, until $TMP/stop exists.
 cat >"$TMP/load.py" <<'PY'
 import http.client, json, os, sys, threading, time
 port, upstream, clients, out_dir = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -76,6 +77,7 @@ def client(n):
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
                 err = e
         return 0, None, str(err).encode()
+    going = False
     while not os.path.exists(stop) and i < 100000:
         i += 1
         body = json.dumps({"name": f"c{n}-{i}", "graph": {"type": "list", "children": [
@@ -87,6 +89,10 @@ def client(n):
             job = json.loads(data)["id"]
             with lock:
                 created.append(job)
+                if not going:
+                    going = True
+                    sys.stdout.write("going\n")
+                    sys.stdout.flush()
             if i % 5 == 0:
                 seen.append(call("POST", f"/v1/jobs/{job}/cancel")[0])
             seen.append(call("GET", f"/v1/jobs/{job}")[0])
@@ -101,6 +107,7 @@ def client(n):
                 unexpected.append("503 without Retry-After")
             if status == 503 and json.loads(data)["error"]["code"] not in ("storage_unavailable",):
                 unexpected.append("503 " + data.decode()[:200])
+        # The pace of the load (Retry-After honoured, capped to keep the load on), not a wait for an event.
         if status in (429, 503):
             time.sleep(min(float(retry or 1), 0.2))
         else:
@@ -113,24 +120,64 @@ json.dump({"statuses": {str(k): v for k, v in statuses.items()}, "created": crea
           open(os.path.join(out_dir, "load.json"), "w"))
 PY
 
+# keep_full.py MOUNT FILLER SECONDS: for SECONDS, gives the space anything frees on MOUNT to FILLER (a file there)
+# as soon as it is freed: woken by inotify on the folder (a write, a truncation, a deletion), not by a clock.
+cat >"$TMP/keep_full.py" <<'PY'
+import ctypes, errno, os, select, struct, sys, time
+mount, filler_name, seconds = sys.argv[1], sys.argv[2].encode(), float(sys.argv[3])
+end = time.monotonic() + seconds
+libc = ctypes.CDLL(None, use_errno=True)
+IN_MODIFY, IN_MOVED_FROM, IN_DELETE = 0x2, 0x40, 0x200
+watch = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+if watch < 0 or libc.inotify_add_watch(watch, mount.encode(), IN_MODIFY | IN_MOVED_FROM | IN_DELETE) < 0:
+    sys.exit("inotify: " + os.strerror(ctypes.get_errno()))
+filler = os.open(os.path.join(mount.encode(), filler_name), os.O_WRONLY | os.O_APPEND)
+block = bytes(4096)
+
+def fill():
+    try:
+        while os.write(filler, block) > 0:
+            pass
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+
+fill()
+while (left := end - time.monotonic()) > 0:
+    if not select.select([watch], [], [], left)[0]:
+        continue
+    events, at, others = os.read(watch, 65536), 0, False
+    while at < len(events):
+        _, _, _, length = struct.unpack_from("iIII", events, at)
+        # The filler's own growth frees nothing.
+        others |= events[at + 16:at + 16 + length].rstrip(b"\0") != filler_name
+        at += 16 + length
+    if others:
+        fill()
+PY
+
 health_code() { curl -s -o "$TMP/health.body" -w '%{http_code}' --max-time 5 "$BASE/healthz" || true; }
 metric() { curl -s --max-time 5 "$BASE/metrics" | awk -v n="$1" '$1 == n { print $2 }'; }
 
 step "load from $clients clients"
-python3 "$TMP/load.py" "$SERVER_PORT" "$UPSTREAM" "$clients" "$TMP" 2>"$TMP/load.err" &
+python3 "$TMP/load.py" "$SERVER_PORT" "$UPSTREAM" "$clients" "$TMP" >"$TMP/load.out" 2>"$TMP/load.err" &
 load_pid=$!
 STARTED_PIDS+=("$load_pid")
-sleep 2
+next_line "$TMP/load.out" 0 30 "$load_pid" '^going$' "$clients" >/dev/null \
+  || fail "not every load client had a job accepted within 30 s: $(tail -5 "$TMP/load.err")"
 
 step "fill the disk for ${full_s}s"
 dd if=/dev/zero of="$mnt/filler" bs=64k 2>/dev/null || true
 log "filler $(du -h "$mnt/filler" | cut -f1), free: $(df --output=avail -h "$mnt" | tail -1)"
+# Keep the disk full: space the store frees (a checkpoint) goes to the filler.
+python3 "$TMP/keep_full.py" "$mnt" filler "$full_s" 2>"$TMP/keep_full.err" &
+keeper_pid=$!
+STARTED_PIDS+=("$keeper_pid")
 saw_degraded=0
 metric_agreed=0
-end=$((SECONDS + full_s))
-for ((i = 0; i < full_s * 20 + 20 && SECONDS < end; i++)); do
-  code="$(health_code)"
-  if [ "$code" = 503 ] && [ "$(jq -r .status "$TMP/health.body" 2>/dev/null)" = degraded ]; then
+# degraded_seen: looks at /healthz (and /metrics); true once both have said degraded.
+degraded_seen() {
+  if [ "$(health_code)" = 503 ] && [ "$(jq -r .status "$TMP/health.body" 2>/dev/null)" = degraded ]; then
     if [ "$saw_degraded" = 0 ]; then
       log "healthz: $(cat "$TMP/health.body"); store_degraded=$(metric jobserver_store_degraded)"
     fi
@@ -139,28 +186,31 @@ for ((i = 0; i < full_s * 20 + 20 && SECONDS < end; i++)); do
     # state, so /metrics must agree with a degraded /healthz at least once while the disk is full.
     [ "$metric_agreed" = 1 ] || { [ "$(metric jobserver_store_degraded)" = 1 ] && metric_agreed=1; }
   fi
-  # Keep the disk full: space the store freed (a checkpoint) goes to the filler.
-  dd if=/dev/zero of="$mnt/filler" bs=4k oflag=append conv=notrunc 2>/dev/null || true
-  sleep 0.05
-done
+  [ "$saw_degraded" = 1 ] && [ "$metric_agreed" = 1 ]
+}
+# Looked at again each time the server logs that the store degraded, or refuses a submission with 503.
+until_logged 'store writes are failing|"path":"/v1/jobs","status":503' "$full_s" degraded_seen || true
+# The disk stays full until the keeper ends, $full_s s after it began: the window under test, not a wait.
+wait "$keeper_pid" || fail "keeping the disk full failed: $(cat "$TMP/keep_full.err")"
 [ "$saw_degraded" = 1 ] || fail "/healthz never said degraded while the disk was full"
 [ "$metric_agreed" = 1 ] || fail "/healthz degraded but jobserver_store_degraded was never 1 while the disk was full"
 failures="$(metric jobserver_store_write_failures_total)"
 [ "${failures:-0}" -ge 1 ] || fail "jobserver_store_write_failures_total is ${failures:-missing}"
 
 step "space returns; load goes on for ${after_s}s"
+from="$(file_size "$SERVER_LOG")"
 rm -f "$mnt/filler"
 freed_ms="$(millis)"
 healthy_after=""
-end=$((SECONDS + after_s))
-for ((i = 0; i < after_s * 20 + 20 && SECONDS < end; i++)); do
-  if [ -z "$healthy_after" ] && [ "$(health_code)" = 200 ]; then healthy_after=$(($(millis) - freed_ms)); fi
-  sleep 0.05
-done
+healthy() { [ "$(health_code)" = 200 ]; }
+if healthy || { next_line "$SERVER_LOG" "$from" "$after_s" "$SERVER_PID" 'store writes recovered' >/dev/null && healthy; }; then
+  healthy_after=$(($(millis) - freed_ms))
+fi
 log "under load, /healthz was 200 again ${healthy_after:-(not yet)} ms after space returned"
+# The load goes on for $after_s s after space returned: the window under test, not a wait.
+sleep "$(awk -v ms=$((after_s * 1000 - ($(millis) - freed_ms))) 'BEGIN { print (ms > 0 ? ms / 1000 : 0) }')"
 touch "$TMP/stop"
-for ((i = 0; i < 600; i++)); do kill -0 "$load_pid" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$load_pid" 2>/dev/null && fail "load clients did not stop within 60 s"
+wait_gone "$load_pid" 60 || fail "load clients did not stop within 60 s"
 wait "$load_pid" || fail "load clients failed: $(tail -5 "$TMP/load.err")"
 load="$(cat "$TMP/load.json")"
 log "statuses seen: $(jq -c .statuses <<<"$load"), jobs created: $(jq '.created | length' <<<"$load")"
@@ -171,11 +221,8 @@ created="$(wc -l <"$TMP/created")"
 [ "$created" -ge 1 ] || fail "no job was created"
 
 step "health returns to ok without a restart"
-for ((i = 0; i < 300; i++)); do
-  [ "$(health_code)" = 200 ] && break
-  sleep 0.1
-done
-[ "$(health_code)" = 200 ] || fail "/healthz still $(health_code) 30 s after space returned: $(cat "$TMP/health.body")"
+until_logged 'store writes recovered' 30 healthy \
+  || fail "/healthz still $(health_code) 30 s after space returned: $(cat "$TMP/health.body")"
 log "write failures counted: $(metric jobserver_store_write_failures_total)"
 [ "$(metric jobserver_store_degraded)" = 0 ] || fail "jobserver_store_degraded is not 0 after recovery"
 submit "{\"name\":\"after\",\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/json\"}}"
@@ -212,8 +259,11 @@ step "every one of the $created acknowledged jobs settles"
 read_jobs settle >"$TMP/settled" || fail "not every acknowledged job settled"
 
 step "and is stored settled: nothing left pending or running in the file"
-for ((i = 0; i < 100; i++)); do
-  python3 - "$db" "$TMP/settled" >"$TMP/db.check" <<'PY'
+# A node's response body is read from the store: it is answered once the store committed everything handed to it
+# before, the settled states above among them.
+api GET "/v1/jobs/$JOB_ID/nodes/root/body"
+expect_status 200
+python3 - "$db" "$TMP/settled" >"$TMP/db.check" <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
 bad = []
@@ -229,10 +279,7 @@ if left: bad.append(f"{left} jobs pending or running")
 if nodes: bad.append(f"{nodes} unsettled nodes in settled jobs")
 if bad: print("\n".join(bad[:10]))
 PY
-  [ -s "$TMP/db.check" ] || break
-  sleep 0.1
-done
-[ -s "$TMP/db.check" ] && fail "the file disagrees with the API 10 s after settling: $(cat "$TMP/db.check")"
+[ -s "$TMP/db.check" ] && fail "the file disagrees with the API once the store committed: $(cat "$TMP/db.check")"
 
 step "kill -9, restart: every job reads back the same"
 kill -KILL "$SERVER_PID"

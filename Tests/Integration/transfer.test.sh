@@ -12,18 +12,12 @@ bash Tests/Fixtures/make-tls.sh "$TLS" || fail "make-tls.sh failed"
 # start_tls_upstream CERT KEY: the fixture over HTTPS; sets TLS_PORT. Not in a command substitution: that subshell
 # would record the fixture's pid where the EXIT trap never sees it, and leave the fixture running.
 start_tls_upstream() {
-  local out="$TMP/tls-upstream-$RANDOM.out" port="" i pid
-  : >"$out"
+  local out="$TMP/tls-upstream-$RANDOM.out" pid
   python3 "$UPSTREAM_SCRIPT" --port 0 --tls-cert "$1" --tls-key "$2" >"$out" 2>>"$TMP/upstream.err" &
   pid=$!
   STARTED_PIDS+=("$pid")
-  for ((i = 0; i < 100; i++)); do
-    port="$(sed -n '1s/^listening \([0-9][0-9]*\).*$/\1/p' "$out")"
-    [ -n "$port" ] && break
-    sleep 0.1
-  done
-  [ -n "$port" ] || fail "the TLS fixture did not start"
-  TLS_PORT="$port"
+  await_listening "$out" "$pid"
+  TLS_PORT="$LISTENING_PORT"
 }
 start_tls_upstream "$TLS/server.pem" "$TLS/server.key"
 tls_port="$TLS_PORT"
@@ -42,14 +36,31 @@ submit_many() {
   [ "$(grep -c . "$TMP/ids")" = "$1" ] || fail "not all $1 jobs were created"
 }
 
-# wait_metric NAME VALUE [SECONDS]: polls /metrics until NAME reaches VALUE (default 15 s).
-wait_metric() {
-  local i
-  for ((i = 0; i < ${3:-15} * 10; i++)); do
-    [ "$(metric "$1")" -ge "$2" ] 2>/dev/null && return 0
-    sleep 0.1
-  done
-  fail "$1 did not reach $2 (is $(metric "$1"))"
+# wait_running IDS_FILE: long-polls every job of the file (10 at a time) until it runs; fails if one settles
+# first, or does not run within 20 s.
+wait_running() {
+  python3 - "$BASE" "$1" <<'PY' || fail "not every job of $1 ran (above)"
+import json, sys, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+base, ids = sys.argv[1], open(sys.argv[2]).read().split()
+deadline = time.monotonic() + 20
+def run(id):
+    url = base + "/v1/jobs/" + id
+    for _ in range(1000):
+        with urllib.request.urlopen(url, timeout=70) as answer:
+            job = json.load(answer)
+        left = deadline - time.monotonic()
+        if job["state"] == "running":
+            return None
+        if job["state"] != "pending" or left <= 0:
+            break
+        url = base + "/v1/jobs/%s?wait=%d&since=%d" % (id, max(1, min(60, int(left))), job["version"])
+    return "job %s is %s" % (id, job["state"])
+with ThreadPoolExecutor(10) as pool:
+    problems = [p for p in pool.map(run, ids) if p]
+if problems:
+    sys.exit("\n".join(problems[:10]))
+PY
 }
 
 cancel_ids() {
@@ -96,11 +107,11 @@ http {
 }
 EOF
   nginx -e "$TMP/nginx/error.log" -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf" -g 'daemon off;' 2>>"$TMP/nginx/error.log" &
-  STARTED_PIDS+=("$!")
-  for ((i = 0; i < 50; i++)); do
-    curl -s -o /dev/null --cacert "$TLS/ca.pem" "https://127.0.0.1:$h2_port/" && break
-    sleep 0.1
-  done
+  nginx_pid=$!
+  STARTED_PIDS+=("$nginx_pid")
+  # nginx writes its pid file once it listens.
+  next_line "$TMP/nginx/nginx.pid" 0 10 "$nginx_pid" '^[0-9]+$' >/dev/null \
+    || fail "nginx did not start: $(tail -5 "$TMP/nginx/error.log")"
   submit "{\"graph\":{\"type\":\"fetch\",\"url\":\"https://127.0.0.1:$h2_port/\"}}"
   wait_settled "$JOB_ID" 20
   expect_jq .state succeeded
@@ -127,7 +138,9 @@ summary="$(jq -sc '{n: length, ok: map(select(.state == "succeeded" and .result.
 step "coalesce: cancelling 99 of 100 sharers leaves the last one's transfer running"
 ustats_reset
 submit_many 100 "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/count/keep?delay_ms=4000\",\"coalesce\":true}}"
-wait_metric jobserver_coalesced_fetches_total 198
+# A fetch joins the transfer in flight as it starts running: once every job runs, all 99 have joined.
+wait_running "$TMP/ids"
+[ "$(metric jobserver_coalesced_fetches_total)" -ge 198 ] || fail "coalesced fetches: $(metric jobserver_coalesced_fetches_total)"
 head -99 "$TMP/ids" >"$TMP/cancel-ids"
 last="$(tail -1 "$TMP/ids")"
 cancel_ids "$TMP/cancel-ids"
@@ -144,7 +157,8 @@ expect_jq .state cancelled
 step "coalesce: cancelling every sharer aborts the transfer (the upstream sees the disconnect)"
 ustats_reset
 submit_many 100 "{\"graph\":{\"type\":\"fetch\",\"url\":\"$UPSTREAM/hang\",\"coalesce\":true}}"
-wait_metric jobserver_coalesced_fetches_total 297
+wait_running "$TMP/ids"
+[ "$(metric jobserver_coalesced_fetches_total)" -ge 297 ] || fail "coalesced fetches: $(metric jobserver_coalesced_fetches_total)"
 cancel_ids "$TMP/ids"
 wait_upstream '.disconnects | length == 1' 10
 [ "$(ustats .requests)" = 1 ] || fail "the upstream saw $(ustats .requests) requests"
@@ -167,6 +181,7 @@ cache_fetch "/cache/ttl?cc=max-age=2"
 expect_jq .result.cache hit
 expect_jq .result.body.count 1
 [ "$(upstream_count ttl)" = 1 ] || fail "a hit made a request"
+# The max-age must run out: a time that must pass, not a wait for an event.
 sleep "$(python3 -c "print(max(0, 2.3 - ($(millis) - $started) / 1000))")"
 cache_fetch "/cache/ttl?cc=max-age=2"
 expect_jq .result.cache revalidated

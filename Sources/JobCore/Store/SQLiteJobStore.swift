@@ -859,13 +859,15 @@ final class StoreWriter: @unchecked Sendable {
         }
         lastCommitMs = Timestamp.monotonicMs()
         if includesPending { pending.removeAll() }
-        if let failure, pending.isEmpty {
-            logger.info("store writes recovered", ["after": .string(failure.description)])
-            self.failure = nil
+        let recoveredFrom = pending.isEmpty ? failure : nil
+        if recoveredFrom != nil {
+            failure = nil
             retryDelayMs = 0
         }
         // Health first: whoever was waiting for this commit must see the store as it now is.
         publish()
+        // Logged once health says so: whoever reads the line then finds the store healthy.
+        if let recoveredFrom { logger.info("store writes recovered", ["after": .string(recoveredFrom.description)]) }
         if includesPending { answerCommitWaiters(.success(())) }
     }
 

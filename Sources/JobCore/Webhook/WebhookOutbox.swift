@@ -248,7 +248,8 @@ public final class WebhookOutbox: @unchecked Sendable {
             "job": .string(item.jobID), "delivery": .string(item.delivery), "state": .string(state),
             "status": status.map { .int($0) } ?? .null, "error": error.map(JSONValue.string) ?? .null,
         ]
-        if state == "pending" { logger.debug("webhook attempt failed", fields) } else { logger.info("webhook", fields) }
+        // The change first: whoever reads the line then finds the job showing it.
         onChange(item.jobID)
+        if state == "pending" { logger.debug("webhook attempt failed", fields) } else { logger.info("webhook", fields) }
     }
 }

@@ -141,12 +141,14 @@ final class PostgresStoreWriter: @unchecked Sendable {
         txAdopted.removeAll()
         txLost.removeAll()
         if includesPending { pending.removeAll() }
-        if let failure, pending.isEmpty {
-            logger.info("store writes recovered", ["after": .string(failure.description)])
-            self.failure = nil
+        let recoveredFrom = pending.isEmpty ? failure : nil
+        if recoveredFrom != nil {
+            failure = nil
             retryDelayMs = 0
         }
         publish()
+        // Logged once health says so: whoever reads the line then finds the store healthy.
+        if let recoveredFrom { logger.info("store writes recovered", ["after": .string(recoveredFrom.description)]) }
         if includesPending { answerCommitWaiters(.success(())) }
     }
 
