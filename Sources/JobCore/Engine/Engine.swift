@@ -631,12 +631,17 @@ public final class Engine: @unchecked Sendable {
 
     /// Cancels every unsettled node of the job. `completion` runs once, on some other thread, when the
     /// store has committed the job's cancelled state and its nodes' (an answer promises they survive a crash),
-    /// or with the error that kept them from being written. Never waits for the store.
+    /// or with the error that kept them from being written. Nothing runs on the caller's thread (an event loop):
+    /// a job in memory is cancelled in a turn of the engine's queue, one that is not is read on a read queue.
     public func cancel(id: String, _ completion: @escaping @Sendable (Result<CancelOutcome, Error>) -> Void) {
-        if let live = queue.sync(execute: { cancelLive(id) }) {
-            answerAfterCommit(live, completion)
-            return
+        queue.async { [self] in
+            if let live = cancelLive(id) { return answerAfterCommit(live, completion) }
+            onReadQueue { [self] in cancelNotLive(id: id, completion) }
         }
+    }
+
+    /// `cancel` of a job that was not in memory when the engine's queue looked; on a read queue.
+    private func cancelNotLive(id: String, _ completion: @escaping @Sendable (Result<CancelOutcome, Error>) -> Void) {
         do {
             guard let job = try store.job(id: id) else { return completion(.success(.notFound)) }
             switch job.state {
