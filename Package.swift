@@ -38,7 +38,7 @@ let package = Package(
         .target(name: "TestSupport", dependencies: ["JobCore"], path: "Tests/TestSupport"),
         .testTarget(name: "ThreadsTests", dependencies: ["Threads"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport", "Threads"]),
-        .testTarget(name: "JobCoreTests", dependencies: ["JobCore", "TestSupport"]),
+        .testTarget(name: "JobCoreTests", dependencies: ["JobCore", "TestSupport", "Threads"]),
         .testTarget(name: "JobServerTests", dependencies: ["JobServer", "HTTPServer", "JobCore", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]

@@ -55,9 +55,9 @@ enum Route: CaseIterable {
 /// The jobserver HTTP API over an `Engine`: routes, JSON in and out, errors of API.md §3.
 ///
 /// Handlers run on event-loop threads and never block there: reads of jobs and nodes, listings and `/metrics` ask
-/// the engine, which answers through a completion (store reads and large answers on its read queues); routes that
-/// write or wait for the store's writer (submit, delete, body, which flush) run on `diskQueues`; a long-poll holds
-/// no thread at all.
+/// the engine, which answers through a completion (store reads and large answers on its read queues); a submission
+/// is parsed on `diskQueues` and answered from its commit's callback; a delete and a body read, which flush, wait
+/// there for the store's writer; a long-poll holds no thread at all.
 final class App: @unchecked Sendable {
     // @unchecked: `shuttingDown` is read and written only with `shutdownLock` held; `webhooks` is set once by
     // `Service` before the server starts (thread start orders it before every handler); the rest is immutable
@@ -67,9 +67,9 @@ final class App: @unchecked Sendable {
     private let config: ServerConfig
     private let logger: Logger
     private let auth: BearerAuth?
-    /// Serial queues, each with a thread of its own while it has work: a submission blocks its thread until the
-    /// store's group commit that holds it, and concurrent submissions only share a commit if they wait at once.
-    /// (A concurrent queue would run about one blocked submission per core.)
+    /// Serial queues, each with a thread of its own while it has work: a submission is parsed and validated here and
+    /// answered from its commit's callback, holding no thread meanwhile; a delete and a body read block their
+    /// queue's thread until the writer has committed what came before them.
     private let diskQueues = (0..<32).map { DispatchQueue(label: "jobserver.disk.\($0)") }
     /// Where refusals for a full queue wait out `fullRefusalDelayMs`.
     private let refusals = DispatchQueue(label: "jobserver.refusals")
@@ -250,22 +250,41 @@ final class App: @unchecked Sendable {
             exchange.send(Self.invalidGraph(error.issues.map { (pointer: $0.pointer, message: $0.message) }))
             return
         }
-        switch try engine.submit(spec, request: body, idempotencyKey: key, requestBytes: request.body) {
-        case .created(let job):
+        // Answered from the store's commit callback or the engine's queue: this thread is free meanwhile. The answer
+        // shows the job's metadata and input, so a large submission's is built off those threads.
+        let large = request.body.count > Self.largeSubmissionBytes
+        engine.submit(spec, request: body, idempotencyKey: key, requestBytes: request.body) { [self] result in
+            if large {
+                DispatchQueue.global().async { self.answerSubmission(result, exchange) }
+            } else {
+                answerSubmission(result, exchange)
+            }
+        }
+    }
+
+    /// A submission's body size above which its answer is built on a shared queue rather than where the engine
+    /// answers.
+    static let largeSubmissionBytes = 64 * 1024
+
+    private func answerSubmission(_ result: Result<SubmitOutcome, Error>, _ exchange: Exchange) {
+        switch result {
+        case .success(.created(let job)):
             var response = Self.json(201, Presentation.job(job))
             response.headers.set("Location", "/v1/jobs/\(job.id)")
             exchange.send(response)
-        case .existing(let job):
+        case .success(.existing(let job)):
             var response = Self.json(200, Presentation.job(job))
             response.headers.set("Location", "/v1/jobs/\(job.id)")
             exchange.send(response)
-        case .conflict(let job):
+        case .success(.conflict(let job)):
             exchange.send(
                 Self.error(409, "conflict", "Idempotency-Key was already used for job \(job.id) with a different request body"))
-        case .queueFull:
+        case .success(.queueFull):
             refuseAsFull(exchange)
-        case .shuttingDown:
+        case .success(.shuttingDown):
             exchange.send(Self.error(503, "shutting_down", "the server is shutting down; submit again later"))
+        case .failure(let error):
+            exchange.send(internalError(error, exchange))
         }
     }
 

@@ -115,6 +115,21 @@ public final class Watched<Value>: @unchecked Sendable {
     }
 }
 
+/// Calls `start` with a completion and blocks the calling thread until some thread calls it, then returns what it was
+/// given: for callers that may block (tests, tools) over an API that answers through a completion.
+public func waitForCompletion<Value: Sendable>(_ start: (@escaping @Sendable (Value) -> Void) -> Void) -> Value {
+    let answer = Watched<Value?>(nil)
+    start { value in answer.withLock { $0 = value } }
+    while true {
+        var given: Value?
+        _ = answer.wait(milliseconds: 60_000) { value in
+            given = value
+            return value != nil
+        }
+        if let given { return given }
+    }
+}
+
 private func monotonicMilliseconds() -> Int64 {
     var now = timespec()
     clock_gettime(CLOCK_MONOTONIC, &now)

@@ -89,4 +89,15 @@ final class ThreadsTests: XCTestCase {
         XCTAssertTrue(steps.wait(milliseconds: 0) { $0 == 3 })
         XCTAssertFalse(steps.wait(milliseconds: 20) { $0 == 4 })
     }
+
+    func testWaitForCompletionReturnsWhatTheCompletionWasGivenOnAnyThread() throws {
+        // Called later, from another thread.
+        let later = waitForCompletion { (done: @escaping @Sendable (Int) -> Void) in
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(20)) { done(7) }
+        }
+        XCTAssertEqual(later, 7)
+        // Called before `start` returns, on the waiting thread itself.
+        let at = waitForCompletion { (done: @escaping @Sendable (String) -> Void) in done("now") }
+        XCTAssertEqual(at, "now")
+    }
 }

@@ -51,15 +51,8 @@ final class Timekeeper: @unchecked Sendable {
         }
     }
 
-    /// A job was stored to wait until `dueAt`; unless `counted` (by a caller on the engine's queue), it is counted
-    /// here as waiting and as pending.
-    func scheduled(dueAt: Int64, counted: Bool = false) {
-        if !counted, let engine {
-            engine.queue.sync {
-                scheduledJobs += 1
-                engine.jobsByState[.pending, default: 0] += 1
-            }
-        }
+    /// A job was stored to wait until `dueAt` (counted as waiting and as pending by the caller, on the engine's queue).
+    func scheduled(dueAt: Int64) {
         queue.async {
             if let armed = self.armedAt, armed <= dueAt { return }
             self.arm(dueAt)
@@ -383,7 +376,7 @@ extension Engine {
             jobsByState[stored.state, default: 0] -= 1
             jobsByState[.pending, default: 0] += 1
             timekeeper.scheduledJobs += 1
-            timekeeper.scheduled(dueAt: dueAt, counted: true)
+            timekeeper.scheduled(dueAt: dueAt)
             settledJobs.remove(job.id)
             logger.info("job retried", ["job": .string(job.id), "attempt": .int(job.attempt)])
             return .success(.retrying(job))

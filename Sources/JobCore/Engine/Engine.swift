@@ -339,7 +339,9 @@ public final class Engine: @unchecked Sendable {
         activeJobCount.load(ordering: .relaxed) >= configuration.maxActiveJobs
     }
 
-    /// Creates a job, durable when this returns, and starts it.
+    /// Creates a job and starts it; `completion` runs once the job is durable (or refused), on the store's thread or
+    /// the engine's queue, so it must be quick. Nothing here waits: the store's commit answers through a callback,
+    /// and the job is taken in by a turn of the engine's queue.
     /// - Parameters:
     ///   - spec: the validated submission.
     ///   - request: the submitted body, kept to rebuild the graph after a restart.
@@ -347,23 +349,20 @@ public final class Engine: @unchecked Sendable {
     ///   - requestBytes: the body exactly as it came: with an idempotency key, a later submission is the
     ///     same request only if its bytes are the same (API.md), not merely the same JSON. Without it,
     ///     the compact serialisation of `request` stands for them.
-    /// - Throws: `StoreError` when the store fails; then nothing of the job is stored or running
-    ///   (`isResourceFailure`: the disk is full or failing, and the submission may be retried later).
+    ///   - completion: the outcome, or a `StoreError` when the store fails; then nothing of the job is stored or
+    ///     running (`isResourceFailure`: the disk is full or failing, and the submission may be retried later).
     public func submit(
-        _ spec: JobSpec, request: JSONValue, idempotencyKey: String?, requestBytes: [UInt8]? = nil
-    ) throws -> SubmitOutcome {
+        _ spec: JobSpec, request: JSONValue, idempotencyKey: String?, requestBytes: [UInt8]? = nil,
+        _ completion: @escaping @Sendable (Result<SubmitOutcome, Error>) -> Void
+    ) {
         let now = Timestamp.nowMs()
         // A job that waits for its time waits in the store, not among the active jobs.
         let dueAt = spec.schedule.notBefore.flatMap { $0 > now ? $0 : nil }
         // Read from their mirrors: a submission waits for `queue` only to start its job, not behind every fetch
         // outcome queued there to learn whether it may. The limits were never exact under concurrent submissions
         // (the check and the start are two turns apart either way).
-        if shutdownBegun.load(ordering: .acquiring) { return .shuttingDown }
-        if dueAt == nil {
-            if refusesActiveJobs { return .queueFull }
-        } else if queue.sync(execute: { timekeeper.scheduledJobs >= configuration.maxScheduledJobs }) {
-            return .queueFull
-        }
+        if shutdownBegun.load(ordering: .acquiring) { return completion(.success(.shuttingDown)) }
+        if dueAt == nil, refusesActiveJobs { return completion(.success(.queueFull)) }
         let id = ids.withLock { $0.next(nowMs: Timestamp.nowMs()) }
         var progress = Progress()
         progress.total = spec.graph.nodes.count
@@ -376,31 +375,78 @@ public final class Engine: @unchecked Sendable {
         job.dueAt = dueAt
         job.concurrencyKey = spec.schedule.concurrencyKey
         job.concurrencyLimit = spec.schedule.concurrencyLimit
+        let created = job
+        let requestHash = idempotencyKey == nil ? nil : fnv1aHex(requestBytes ?? request.bytes)
         let nodes = spec.graph.pendingNodeRecords(jobID: id)
-        let outcome = try store.createJob(
-            job, nodes: nodes, idempotencyKey: idempotencyKey,
-            requestHash: idempotencyKey == nil ? nil : fnv1aHex(requestBytes ?? request.bytes),
-            // A job that waits for its time is read from the store until then; one that starts now, from memory.
-            nodesMayFollow: dueAt == nil)
-        switch outcome {
-        case .created:
-            logger.info("job created", ["job": .string(id), "nodes": .int(nodes.count)])
-            if let dueAt {
-                timekeeper.scheduled(dueAt: dueAt)
-                return .created(job)
+        let create: @Sendable () -> Void = { [self] in
+            store.createJob(
+                created, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash,
+                // A job that waits for its time is read from the store until then; one that starts now, from memory.
+                nodesMayFollow: dueAt == nil
+            ) { [self] result in
+                switch result {
+                case .success(.created):
+                    takeIn(created, spec.graph, nodes, completion)
+                case .success(.existing(let existing)):
+                    queue.async { completion(.success(.existing(self.runs[existing.id].map(self.shownRecord) ?? existing))) }
+                case .success(.conflict(let existing)):
+                    completion(.success(.conflict(existing)))
+                case .failure(let error):
+                    completion(.failure(error))
+                }
             }
-            let pass = admitSubmitted(job)
-            let snapshot: JobRecord = queue.sync {
-                let run = JobRun(engine: self, graph: spec.graph, record: job, nodes: nodes)
+        }
+        if dueAt == nil {
+            create()
+        } else {
+            // The timekeeper's count is the queue's.
+            queue.async { [self] in
+                if timekeeper.scheduledJobs >= configuration.maxScheduledJobs { return completion(.success(.queueFull)) }
+                create()
+            }
+        }
+    }
+
+    /// A synchronous `submit`, for callers that may block (tests and tools); the server never calls it.
+    /// - Throws: the `StoreError` the asynchronous `submit` answers with.
+    public func submit(
+        _ spec: JobSpec, request: JSONValue, idempotencyKey: String?, requestBytes: [UInt8]? = nil
+    ) throws -> SubmitOutcome {
+        try waitForCompletion { done in
+            submit(spec, request: request, idempotencyKey: idempotencyKey, requestBytes: requestBytes, done)
+        }.get()
+    }
+
+    /// Takes in a job whose creation just committed (on the store's thread): one that waits for its time is counted
+    /// among the scheduled, one that starts now is activated, each in a turn of `queue`. With a concurrency key
+    /// shared through the store, its admission asks the store first, off both threads.
+    private func takeIn(
+        _ job: JobRecord, _ graph: JobGraph, _ nodes: [NodeRecord],
+        _ completion: @escaping @Sendable (Result<SubmitOutcome, Error>) -> Void
+    ) {
+        if let dueAt = job.dueAt {
+            queue.async { [self] in
+                logger.info("job created", ["job": .string(job.id), "nodes": .int(nodes.count)])
+                timekeeper.scheduledJobs += 1
+                jobsByState[.pending, default: 0] += 1
+                timekeeper.scheduled(dueAt: dueAt)
+                completion(.success(.created(job)))
+            }
+            return
+        }
+        let start: @Sendable ((holders: [String], waiting: [String])?) -> Void = { [self] pass in
+            queue.async { [self] in
+                logger.info("job created", ["job": .string(job.id), "nodes": .int(nodes.count)])
+                let run = JobRun(engine: self, graph: graph, record: job, nodes: nodes)
                 activate(run, hold: pass != nil)
                 if let pass { waitAfterSubmission(run, pass) }
-                return shownRecord(run)
+                completion(.success(.created(shownRecord(run))))
             }
-            return .created(snapshot)
-        case .existing(let existing):
-            return .existing(queue.sync { runs[existing.id].map(shownRecord) } ?? existing)
-        case .conflict(let existing):
-            return .conflict(existing)
+        }
+        if job.concurrencyKey != nil, keyAdmission != nil {
+            DispatchQueue.global().async { [self] in start(admitSubmitted(job)) }
+        } else {
+            start(nil)
         }
     }
 

@@ -1,3 +1,5 @@
+import Threads
+
 /// Why a store operation failed: a kind callers can switch on, a readable
 /// message, and the SQLite result code when SQLite reported it.
 public struct StoreError: Error, Equatable, CustomStringConvertible, Sendable {
@@ -130,6 +132,18 @@ extension JobStore {
         try createJob(job, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash, nodesMayFollow: false)
     }
 
+    /// As `createJob(_:nodes:idempotencyKey:requestHash:nodesMayFollow:completion:)`, blocking the calling thread
+    /// until the answer: for tools and tests, which may wait; the engine never does.
+    public func createJob(
+        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool
+    ) throws -> CreateOutcome {
+        try waitForCompletion { done in
+            createJob(
+                job, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash,
+                nodesMayFollow: nodesMayFollow, completion: done)
+        }.get()
+    }
+
     /// As `unfinishedJobs(unreadable:)`, throwing the first job's error if any cannot be read.
     public func unfinishedJobs() throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var unreadable: [UnreadableJob] = []
@@ -145,14 +159,15 @@ extension JobStore {
 /// thread. Reads see committed data only: what was `enqueue`d becomes visible
 /// once the writer commits it (`flush` waits for that).
 public protocol JobStore: AnyObject, Sendable {
-    /// Inserts a job, durable when this returns, and its nodes: in the same transaction, or, with `nodesMayFollow`
-    /// where the store allows it (SQLite), queued before this returns and stored with the next commit (a job
-    /// found at start without its node rows makes them again from its request: `Engine.rebuild`).
-    /// With an idempotency key: if a job with that key exists, `.existing(job)` when `requestHash` matches, else `.conflict(job)`.
-    /// - Throws: `StoreError` (kind `constraint` when the job id already exists).
+    /// Inserts a job, durable when `completion` is called, and its nodes: in the same transaction, or, with
+    /// `nodesMayFollow` where the store allows it (SQLite), queued before `completion` is called and stored with the
+    /// next commit (a job found at start without its node rows makes them again from its request: `Engine.rebuild`).
+    /// With an idempotency key: if a job with that key exists, `.existing(job)` when `requestHash` matches, else
+    /// `.conflict(job)`. Returns at once; `completion` runs once, on the store's thread, so it must be quick.
+    /// Fails with a `StoreError` (kind `constraint` when the job id already exists).
     func createJob(
-        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool
-    ) throws -> CreateOutcome
+        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool,
+        completion: @escaping @Sendable (Result<CreateOutcome, StoreError>) -> Void)
 
     /// Queues state changes (whole records replace the stored ones; nodes matched by (jobID, position)); returns at once.
     /// Committed together with other queued changes by the writer. A change that cannot be written for lack of a

@@ -93,16 +93,19 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     /// change made to them after it, and they say nothing the job's stored request does not. A submission of
     /// 10,000 fetches then starts its fetches as much sooner as inserting 10,000 rows takes.
     public func createJob(
-        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool
-    ) throws -> CreateOutcome {
+        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool,
+        completion: @escaping @Sendable (Result<CreateOutcome, StoreError>) -> Void
+    ) {
         let nodesFollow = nodesMayFollow && !nodes.isEmpty
-        let ticket = WriteTicket<CreateOutcome>()
+        let ticket = WriteTicket<CreateOutcome> { [self] result in
+            // On the writer, after the commit: the rows are queued before anyone hears of the job, so before any
+            // change to them.
+            if nodesFollow, case .success(.created) = result { enqueue(unstoredNodes: nodes) }
+            completion(result)
+        }
         let request = CreateRequest(
             job: job, nodes: nodesFollow ? [] : nodes, idempotencyKey: idempotencyKey, requestHash: requestHash)
-        guard queue.push(.create(request, ticket)) else { throw StoreError(.closed, "store is closed") }
-        let outcome = try ticket.wait()
-        if nodesFollow, case .created = outcome { enqueue(unstoredNodes: nodes) }
-        return outcome
+        if !queue.push(.create(request, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
     }
 
     public func enqueue(unstoredNodes nodes: [NodeRecord]) {

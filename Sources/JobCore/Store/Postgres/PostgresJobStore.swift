@@ -136,12 +136,12 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
 
     /// The job and its nodes in one transaction, whatever `nodesMayFollow` says: another server may read them at once.
     public func createJob(
-        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool
-    ) throws -> CreateOutcome {
-        let ticket = WriteTicket<CreateOutcome>()
+        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool,
+        completion: @escaping @Sendable (Result<CreateOutcome, StoreError>) -> Void
+    ) {
+        let ticket = WriteTicket<CreateOutcome>(onComplete: completion)
         let request = CreateRequest(job: job, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash)
-        guard queue.push(.create(request, ticket)) else { throw StoreError(.closed, "store is closed") }
-        return try ticket.wait()
+        if !queue.push(.create(request, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
     }
 
     public func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)]) {
