@@ -56,7 +56,7 @@ enum Route: CaseIterable {
 ///
 /// Handlers run on event-loop threads and never block there: reads of jobs and nodes, listings and `/metrics` ask
 /// the engine, which answers through a completion (store reads and large answers on its read queues); a submission
-/// is parsed on `diskQueues` and answered from its commit's callback; a delete and a body read, which flush, wait
+/// is parsed on `diskQueues` and answered once its job is committed and taken in; a delete and a body read, which flush, wait
 /// there for the store's writer; a long-poll holds no thread at all.
 final class App: @unchecked Sendable {
     // @unchecked: `shuttingDown` is read and written only with `shutdownLock` held; `webhooks` is set once by
@@ -68,7 +68,7 @@ final class App: @unchecked Sendable {
     private let logger: Logger
     private let auth: BearerAuth?
     /// Serial queues, each with a thread of its own while it has work: a submission is parsed and validated here and
-    /// answered from its commit's callback, holding no thread meanwhile; a delete and a body read block their
+    /// answered once its job is committed, holding no thread meanwhile; a delete and a body read block their
     /// queue's thread until the writer has committed what came before them.
     private let diskQueues = (0..<32).map { DispatchQueue(label: "jobserver.disk.\($0)") }
     /// Where refusals for a full queue wait out `fullRefusalDelayMs`.
@@ -250,21 +250,11 @@ final class App: @unchecked Sendable {
             exchange.send(Self.invalidGraph(error.issues.map { (pointer: $0.pointer, message: $0.message) }))
             return
         }
-        // Answered from the store's commit callback or the engine's queue: this thread is free meanwhile. The answer
-        // shows the job's metadata and input, so a large submission's is built off those threads.
-        let large = request.body.count > Self.largeSubmissionBytes
+        // Answered once the job is committed and taken in: this thread is free meanwhile.
         engine.submit(spec, request: body, idempotencyKey: key, requestBytes: request.body) { [self] result in
-            if large {
-                DispatchQueue.global().async { self.answerSubmission(result, exchange) }
-            } else {
-                answerSubmission(result, exchange)
-            }
+            answerSubmission(result, exchange)
         }
     }
-
-    /// A submission's body size above which its answer is built on a shared queue rather than where the engine
-    /// answers.
-    static let largeSubmissionBytes = 64 * 1024
 
     private func answerSubmission(_ result: Result<SubmitOutcome, Error>, _ exchange: Exchange) {
         switch result {

@@ -392,20 +392,19 @@ class EngineTests: EngineTestCase {
         // While another connection holds the write lock the store cannot commit: no answer may come, and every call
         // returns at once (a submission that waited for its commit would hold this thread at the first).
         let release = try holdWriteLock()
-        let answers = Watched<[Result<SubmitOutcome, Error>]>([])
-        let stored = Watched<[JobRecord?]>([])
+        // Each answer with the job as the store held it when the answer came.
+        let answers = Watched<[(Result<SubmitOutcome, Error>, JobRecord?)]>([])
         for _ in 0..<20 {
             engine.submit(spec, request: json, idempotencyKey: nil) { outcome in
                 var job: JobRecord?
                 if case .success(.created(let created)) = outcome { job = (try? engine.store.job(id: created.id)) ?? nil }
-                stored.withLock { $0.append(job) }
-                answers.withLock { $0.append(outcome) }
+                answers.withLock { $0.append((outcome, job)) }
             }
         }
         XCTAssertEqual(answers.withLock { $0.count }, 0, "a submission was answered before the store could commit")
         try release()
         XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 20 })
-        for (answer, job) in zip(answers.withLock { $0 }, stored.withLock { $0 }) {
+        for (answer, job) in answers.withLock({ $0 }) {
             guard case .success(.created(let created)) = answer else { return XCTFail("submit answered \(answer)") }
             // What the store holds at the moment the answer is given: a crash right after must not undo it.
             XCTAssertEqual(job?.id, created.id, "job \(created.id) was answered before its row was committed")
