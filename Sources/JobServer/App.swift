@@ -70,10 +70,17 @@ final class App: @unchecked Sendable {
     /// Serial queues, each with a thread of its own while it has work: a submission is parsed and validated here and
     /// answered once its job is committed, holding no thread meanwhile; a delete and a body read block their
     /// queue's thread until the writer has committed what came before them.
-    private let diskQueues = (0..<32).map { DispatchQueue(label: "jobserver.disk.\($0)") }
+    private let diskQueues = (0..<diskQueueCount).map { DispatchQueue(label: "jobserver.disk.\($0)") }
+    private static let diskQueueCount = 32
     /// Where refusals for a full queue wait out `fullRefusalDelayMs`.
     private let refusals = DispatchQueue(label: "jobserver.refusals")
     private let diskQueueTurn = Atomic<Int>(0)
+    /// Submissions between their turn on a disk queue and the commit of their job, at most one per disk queue; the
+    /// rest wait in arrival order, holding no thread. This is the submissions' backpressure: the store's writer
+    /// runs ten nice steps down, so when the CPU is short its commits slow, and so do the submissions that wait for
+    /// them, rather than accepting jobs faster than their fetches run. Without it, 60 s of wrk left a backlog of up
+    /// to 9,969 accepted jobs (the `--max-active-jobs` refusals then bound it) against at most 407.
+    private let submissions = Admission(limit: diskQueueCount)
     private let shutdownLock = Lock()
     private var shuttingDown = false
 
@@ -169,18 +176,27 @@ final class App: @unchecked Sendable {
             exchange.send(refusal)
             return
         }
-        if route.waitsForDisk {
-            let turn = diskQueueTurn.wrappingAdd(1, ordering: .relaxed).newValue & Int.max
-            diskQueues[turn % diskQueues.count].async { [self] in answer(route, request, exchange) }
+        if route == .submitJob {
+            submissions.enter { [self] release in
+                nextDiskQueue().async { self.answer(route, request, exchange, release: release) }
+            }
+        } else if route.waitsForDisk {
+            nextDiskQueue().async { [self] in answer(route, request, exchange) }
         } else {
             answer(route, request, exchange)
         }
     }
 
-    private func answer(_ route: Route, _ request: APIRequest, _ exchange: Exchange) {
+    private func nextDiskQueue() -> DispatchQueue {
+        let turn = diskQueueTurn.wrappingAdd(1, ordering: .relaxed).newValue & Int.max
+        return diskQueues[turn % diskQueues.count]
+    }
+
+    /// `release`: a submission's place among `submissions`.
+    private func answer(_ route: Route, _ request: APIRequest, _ exchange: Exchange, release: Admission.Release? = nil) {
         do {
             switch route {
-            case .submitJob: try submitJob(request, exchange)
+            case .submitJob: try submitJob(request, exchange, release: release)
             case .listJobs: try listJobs(request, exchange)
             case .getJob: try getJob(request, exchange)
             case .deleteJob: try deleteJob(request, exchange)
@@ -205,7 +221,11 @@ final class App: @unchecked Sendable {
         }
     }
 
-    private func submitJob(_ request: APIRequest, _ exchange: Exchange) throws {
+    /// Answers a submission and gives back its place among `submissions`: once it is refused, or once its job is
+    /// committed and taken in.
+    private func submitJob(_ request: APIRequest, _ exchange: Exchange, release: Admission.Release?) throws {
+        var handedOn = false
+        defer { if !handedOn { release?() } }
         if isShuttingDown {
             exchange.send(Self.error(503, "shutting_down", "the server is shutting down; submit again later"))
             return
@@ -251,7 +271,9 @@ final class App: @unchecked Sendable {
             return
         }
         // Answered once the job is committed and taken in: this thread is free meanwhile.
+        handedOn = true
         engine.submit(spec, request: body, idempotencyKey: key, requestBytes: request.body) { [self] result in
+            release?()
             answerSubmission(result, exchange)
         }
     }

@@ -100,4 +100,49 @@ final class ThreadsTests: XCTestCase {
         let at = waitForCompletion { (done: @escaping @Sendable (String) -> Void) in done("now") }
         XCTAssertEqual(at, "now")
     }
+
+    func testAdmissionRunsAtMostItsLimitAndTheRestInArrivalOrderAsPlacesAreReleased() {
+        let admission = Admission(limit: 2)
+        let started = Locked<[Int]>([])
+        let releases = Locked<[Int: Admission.Release]>([:])
+        for n in 0..<5 {
+            admission.enter { release in
+                started.withLock { $0.append(n) }
+                releases.withLock { $0[n] = release }
+            }
+        }
+        XCTAssertEqual(started.withLock { $0 }, [0, 1])
+        XCTAssertEqual(admission.counts.inFlight, 2)
+        XCTAssertEqual(admission.counts.waiting, 3)
+
+        // A release lets the first waiting piece in, on the releasing thread; a second call of it does nothing.
+        let first = releases.withLock { $0[1] }
+        first?()
+        first?()
+        XCTAssertEqual(started.withLock { $0 }, [0, 1, 2])
+        XCTAssertEqual(admission.counts.inFlight, 2)
+        XCTAssertEqual(admission.counts.waiting, 2)
+
+        // Released from other threads, the rest follow in arrival order; the count falls once none waits.
+        for n in [0, 2, 3, 4] {
+            let release = releases.withLock { $0[n] }
+            let done = DispatchSemaphore(value: 0)
+            DispatchQueue.global().async {
+                release?()
+                done.signal()
+            }
+            done.wait()
+        }
+        XCTAssertEqual(started.withLock { $0 }, [0, 1, 2, 3, 4])
+        XCTAssertEqual(admission.counts.inFlight, 0)
+        XCTAssertEqual(admission.counts.waiting, 0)
+
+        // With the count back at zero, work runs at once again.
+        admission.enter { release in
+            started.withLock { $0.append(5) }
+            release()
+        }
+        XCTAssertEqual(started.withLock { $0 }, [0, 1, 2, 3, 4, 5])
+        XCTAssertEqual(admission.counts.inFlight, 0)
+    }
 }
