@@ -33,54 +33,36 @@ enum Route: CaseIterable {
         case .openAPI: return "/openapi.yaml"
         }
     }
-
-    /// Whether answering may wait for the store's writer (a durable commit or a flush),
-    /// which must not happen on an event-loop thread. The others are answered without blocking: at once, or through
-    /// the engine's asynchronous reads.
-    var waitsForDisk: Bool {
-        switch self {
-        case .submitJob, .deleteJob, .getNodeBody: return true
-        // A listing waits for the writer through a callback and is read and shown on the engine's read queues.
-        case .listJobs: return false
-        // A cancel is answered from the store's commit callback and holds no thread meanwhile.
-        case .cancelJob, .getJob, .listNodes, .getNode, .health, .metrics, .openAPI: return false
-        // Answered from the store's commit callback, as a cancel is.
-        case .retryJob: return false
-        // A stream holds no thread: the engine writes its events as they happen.
-        case .jobEvents: return false
-        }
-    }
 }
 
 /// The jobserver HTTP API over an `Engine`: routes, JSON in and out, errors of API.md §3.
 ///
-/// Handlers run on event-loop threads and never block there: reads of jobs and nodes, listings and `/metrics` ask
-/// the engine, which answers through a completion (store reads and large answers on its read queues); a submission
-/// is parsed on `diskQueues` and answered once its job is committed and taken in; a delete and a body read, which flush, wait
-/// there for the store's writer; a long-poll holds no thread at all.
+/// Handlers run on event-loop threads and never block there, nor anywhere else: reads of jobs and nodes, listings,
+/// body reads, deletes, cancels and `/metrics` ask the engine, which answers through a completion (store reads and
+/// large answers on its read queues, a delete once its commit is done); a submission is parsed on
+/// `submissionQueues` and answered once its job is committed and taken in; a long-poll holds no thread at all.
 final class App: @unchecked Sendable {
     // @unchecked: `shuttingDown` is read and written only with `shutdownLock` held; `webhooks` is set once by
     // `Service` before the server starts (thread start orders it before every handler); the rest is immutable
-    // or Sendable (`diskQueueTurn` is an Atomic, the queues are Dispatch's).
+    // or Sendable (`submissionQueueTurn` is an Atomic, the queues are Dispatch's).
     private let engine: Engine
     private let fetcher: Fetcher
     private let config: ServerConfig
     private let logger: Logger
     private let auth: BearerAuth?
-    /// Serial queues, each with a thread of its own while it has work: a submission is parsed and validated here and
-    /// answered once its job is committed, holding no thread meanwhile; a delete and a body read block their
-    /// queue's thread until the writer has committed what came before them.
-    private let diskQueues = (0..<diskQueueCount).map { DispatchQueue(label: "jobserver.disk.\($0)") }
-    private static let diskQueueCount = 32
+    /// Serial queues, each with a thread of its own while it has work: a submission (up to 1 MiB) is parsed and
+    /// validated here, off the event loops, and answered once its job is committed, holding no thread meanwhile.
+    private let submissionQueues = (0..<submissionQueueCount).map { DispatchQueue(label: "jobserver.submit.\($0)") }
+    private static let submissionQueueCount = 32
     /// Where refusals for a full queue wait out `fullRefusalDelayMs`.
     private let refusals = DispatchQueue(label: "jobserver.refusals")
-    private let diskQueueTurn = Atomic<Int>(0)
-    /// Submissions between their turn on a disk queue and the commit of their job, at most one per disk queue; the
+    private let submissionQueueTurn = Atomic<Int>(0)
+    /// Submissions between their turn on a submission queue and the commit of their job, at most one per queue; the
     /// rest wait in arrival order, holding no thread. This is the submissions' backpressure: the store's writer
     /// runs ten nice steps down, so when the CPU is short its commits slow, and so do the submissions that wait for
     /// them, rather than accepting jobs faster than their fetches run. Without it, 60 s of wrk left a backlog of up
     /// to 9,969 accepted jobs (the `--max-active-jobs` refusals then bound it) against at most 407.
-    private let submissions = Admission(limit: diskQueueCount)
+    private let submissions = Admission(limit: submissionQueueCount)
     private let shutdownLock = Lock()
     private var shuttingDown = false
 
@@ -178,18 +160,16 @@ final class App: @unchecked Sendable {
         }
         if route == .submitJob {
             submissions.enter { [self] release in
-                nextDiskQueue().async { self.answer(route, request, exchange, release: release) }
+                nextSubmissionQueue().async { self.answer(route, request, exchange, release: release) }
             }
-        } else if route.waitsForDisk {
-            nextDiskQueue().async { [self] in answer(route, request, exchange) }
         } else {
             answer(route, request, exchange)
         }
     }
 
-    private func nextDiskQueue() -> DispatchQueue {
-        let turn = diskQueueTurn.wrappingAdd(1, ordering: .relaxed).newValue & Int.max
-        return diskQueues[turn % diskQueues.count]
+    private func nextSubmissionQueue() -> DispatchQueue {
+        let turn = submissionQueueTurn.wrappingAdd(1, ordering: .relaxed).newValue & Int.max
+        return submissionQueues[turn % submissionQueues.count]
     }
 
     /// `release`: a submission's place among `submissions`.
@@ -199,12 +179,12 @@ final class App: @unchecked Sendable {
             case .submitJob: try submitJob(request, exchange, release: release)
             case .listJobs: try listJobs(request, exchange)
             case .getJob: try getJob(request, exchange)
-            case .deleteJob: try deleteJob(request, exchange)
+            case .deleteJob: deleteJob(request, exchange)
             case .cancelJob: cancelJob(request, exchange)
             case .retryJob: retryJob(request, exchange)
             case .listNodes: try listNodes(request, exchange)
             case .getNode: try getNode(request, exchange)
-            case .getNodeBody: try getNodeBody(request, exchange)
+            case .getNodeBody: getNodeBody(request, exchange)
             case .jobEvents: try eventStreams.serve(request, exchange)
             case .health: health(exchange)
             case .metrics: metrics(exchange)
@@ -379,15 +359,20 @@ final class App: @unchecked Sendable {
         exchange.onClose { box.cancel() }
     }
 
-    private func deleteJob(_ request: APIRequest, _ exchange: Exchange) throws {
+    /// Answers `204` once the deletion is committed.
+    private func deleteJob(_ request: APIRequest, _ exchange: Exchange) {
         let id = request.pathParameters["id"] ?? ""
-        switch try engine.delete(id: id) {
-        case .deleted:
-            exchange.send(HTTPResponse(status: 204))
-        case .active(let job):
-            exchange.send(Self.error(409, "conflict", "job \(id) is \(job.state.rawValue); cancel it before deleting it"))
-        case .notFound:
-            exchange.send(Self.jobNotFound(id))
+        engine.delete(id: id) { [self] outcome in
+            switch outcome {
+            case .success(.deleted):
+                exchange.send(HTTPResponse(status: 204))
+            case .success(.active(let job)):
+                exchange.send(Self.error(409, "conflict", "job \(id) is \(job.state.rawValue); cancel it before deleting it"))
+            case .success(.notFound):
+                exchange.send(Self.jobNotFound(id))
+            case .failure(let error):
+                exchange.send(internalError(error, exchange))
+            }
         }
     }
 
@@ -464,26 +449,37 @@ final class App: @unchecked Sendable {
         }
     }
 
-    private func getNodeBody(_ request: APIRequest, _ exchange: Exchange) throws {
+    private func getNodeBody(_ request: APIRequest, _ exchange: Exchange) {
         let id = request.pathParameters["id"] ?? ""
         let nodeID = request.pathParameters["node"] ?? ""
-        guard let body = try engine.body(jobID: id, nodeID: nodeID) else {
-            engine.node(jobID: id, nodeID: nodeID) { [self] result in
-                switch result {
-                case .success(.found):
-                    exchange.send(Self.error(404, "not_found", "node \(nodeID) of job \(id) has no stored response body"))
-                case .success(let missing):
-                    exchange.send(Self.nodeNotFound(id, nodeID, missing))
-                case .failure(let error):
-                    exchange.send(internalError(error, exchange))
-                }
+        engine.body(jobID: id, nodeID: nodeID) { [self] result in
+            switch result {
+            case .success(let body?): sendBody(body, exchange)
+            case .success(nil): answerWithoutBody(jobID: id, nodeID: nodeID, exchange)
+            case .failure(let error): exchange.send(internalError(error, exchange))
             }
-            return
         }
+    }
+
+    private func sendBody(_ body: StoredBody, _ exchange: Exchange) {
         let headers = HTTPHeaders([
             ("Content-Type", body.contentType ?? "application/octet-stream"), ("X-Content-Type-Options", "nosniff"),
         ])
         exchange.send(HTTPResponse(status: 200, headers: headers, body: body.bytes))
+    }
+
+    /// A node without a stored body: which of job, node and body is missing.
+    private func answerWithoutBody(jobID id: String, nodeID: String, _ exchange: Exchange) {
+        engine.node(jobID: id, nodeID: nodeID) { [self] result in
+            switch result {
+            case .success(.found):
+                exchange.send(Self.error(404, "not_found", "node \(nodeID) of job \(id) has no stored response body"))
+            case .success(let missing):
+                exchange.send(Self.nodeNotFound(id, nodeID, missing))
+            case .failure(let error):
+                exchange.send(internalError(error, exchange))
+            }
+        }
     }
 
     /// `503 degraded` while store writes fail: the server still answers reads and keeps every accepted

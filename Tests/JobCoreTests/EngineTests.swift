@@ -462,6 +462,40 @@ class EngineTests: EngineTestCase {
         XCTAssertEqual(try cancel(engine, ids[0]).isAlreadyCancelled, true)
     }
 
+    func testDeleteHoldsNoThreadAndAnswersOnlyOnceTheDeletionIsCommitted() throws {
+        let engine = try makeEngine()
+        var ids: [String] = []
+        for _ in 0..<3 {
+            let job = try submit(engine, #"{"graph":{"type":"fetch","url":\#(u("/json"))}}"#)
+            _ = try settled(engine, job.id)
+            ids.append(job.id)
+        }
+        // While another connection holds the write lock the store cannot commit: no answer may come, and every call
+        // returns at once (a delete that waited for its commit would hold this thread at the first).
+        let release = try holdWriteLock()
+        // Each answer with whether the store still held the job when the answer came.
+        let answers = Watched<[(Result<DeleteOutcome, Error>, stillStored: Bool)]>([])
+        for id in ids {
+            engine.delete(id: id) { outcome in
+                let stored = ((try? engine.store.job(id: id)) ?? nil) != nil
+                answers.withLock { $0.append((outcome, stillStored: stored)) }
+            }
+        }
+        XCTAssertEqual(answers.withLock { $0.count }, 0, "a delete was answered before the store could commit")
+        for id in ids { XCTAssertNotNil(try engine.store.job(id: id)) }
+        try release()
+        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 3 })
+        for (answer, stillStored) in answers.withLock({ $0 }) {
+            guard case .success(.deleted) = answer else { return XCTFail("delete answered \(answer)") }
+            // A crash right after the answer must not bring the job back.
+            XCTAssertFalse(stillStored, "a delete was answered before it was committed")
+        }
+        for id in ids {
+            XCTAssertNil(try engine.job(id: id))
+            guard case .notFound = try engine.delete(id: id) else { return XCTFail("job \(id) deleted twice") }
+        }
+    }
+
     func testCancelOfAFinishedButUnretiredJobWaitsForItsCommitToo() throws {
         let engine = try makeEngine()
         let job = try submit(engine, #"{"graph":{"type":"fetch","url":\#(u("/json"))}}"#)

@@ -584,10 +584,16 @@ public final class Engine: @unchecked Sendable {
             }, completion)
     }
 
-    /// A fetch node's raw response body. Waits for the store's writer: not for an event-loop thread.
-    public func body(jobID: String, nodeID: String) throws -> StoredBody? {
-        try store.flush()
-        return try store.body(jobID: jobID, nodeID: nodeID)
+    /// A fetch node's raw response body, read on a read queue once what was queued before is committed;
+    /// `completion` runs once, on that queue.
+    public func body(
+        jobID: String, nodeID: String, _ completion: @escaping @Sendable (Result<StoredBody?, Error>) -> Void
+    ) {
+        store.flush { flushed in
+            self.onReadQueue {
+                completion(Result { try flushed.get(); return try self.store.body(jobID: jobID, nodeID: nodeID) })
+            }
+        }
     }
 
     /// Waits, for at most `milliseconds`, until `accept` holds for the number of long-polls waiting on jobs running
@@ -696,25 +702,62 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// Deletes a settled job with its nodes and bodies; when this returns `.deleted`, the deletion is committed
-    /// and no later read finds the job.
-    public func delete(id: String) throws -> DeleteOutcome {
-        let active: JobRecord? = queue.sync {
-            guard let run = runs[id] else { return nil }
-            if !run.record.state.isSettled { return run.record }
-            // Settled, but children left running by `cancel_remaining: false`: stop them quietly.
-            run.stop()
-            forget(run)
-            return nil
+    /// Deletes a settled job with its nodes and bodies. `completion` runs once, on some other thread; with
+    /// `.deleted` once the deletion is committed, so that no later read finds the job. Holds no thread meanwhile:
+    /// the job is looked at on `queue`, the store read on a read queue once what came before is committed.
+    public func delete(id: String, _ completion: @escaping @Sendable (Result<DeleteOutcome, Error>) -> Void) {
+        queue.async {
+            if let run = self.runs[id] {
+                if !run.record.state.isSettled {
+                    let job = run.record
+                    self.onReadQueue { completion(.success(.active(job))) }
+                    return
+                }
+                // Settled, but children left running by `cancel_remaining: false`: stop them quietly.
+                run.stop()
+                self.forget(run)
+            }
+            self.store.flush { flushed in
+                self.onReadQueue { self.deleteStored(id: id, flushed: flushed, completion) }
+            }
         }
-        if let active { return .active(active) }
-        try store.flush()
-        let state = try store.jobState(id: id)
-        if let state, !state.isSettled, let job = try store.jobWithoutRequest(id: id) { return .active(job) }
-        guard try store.deleteJob(id: id) else { return .notFound }
-        forgetDeleted([id])
-        if let state { queue.async { self.jobsByState[state, default: 0] -= 1 } }
-        return .deleted
+    }
+
+    /// Deletes a job that is not in memory, once what was queued before is committed (`flushed`). On a read queue.
+    private func deleteStored(
+        id: String, flushed: Result<Void, StoreError>,
+        _ completion: @escaping @Sendable (Result<DeleteOutcome, Error>) -> Void
+    ) {
+        let state: NodeState?
+        do {
+            try flushed.get()
+            state = try store.jobState(id: id)
+            if let state, !state.isSettled, let job = try store.jobWithoutRequest(id: id) {
+                completion(.success(.active(job)))
+                return
+            }
+        } catch {
+            completion(.failure(error))
+            return
+        }
+        store.deleteJob(id: id) { deleted in
+            // On the store's thread, after the commit.
+            switch deleted {
+            case .failure(let error):
+                completion(.failure(error))
+            case .success(false):
+                completion(.success(.notFound))
+            case .success(true):
+                self.forgetDeleted([id])
+                if let state { self.queue.async { self.jobsByState[state, default: 0] -= 1 } }
+                completion(.success(.deleted))
+            }
+        }
+    }
+
+    /// As `delete(id:_:)`, blocking the calling thread until the answer: for tools and tests, which may wait.
+    public func delete(id: String) throws -> DeleteOutcome {
+        try waitForCompletion { done in delete(id: id, done) }.get()
     }
 
     // MARK: - Long-polling

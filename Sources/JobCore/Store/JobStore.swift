@@ -144,6 +144,11 @@ extension JobStore {
         }.get()
     }
 
+    /// As `deleteJob(id:_:)`, blocking the calling thread until the answer: for tools and tests, which may wait.
+    public func deleteJob(id: String) throws -> Bool {
+        try waitForCompletion { done in deleteJob(id: id, done) }.get()
+    }
+
     /// As `unfinishedJobs(unreadable:)`, throwing the first job's error if any cannot be read.
     public func unfinishedJobs() throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var unreadable: [UnreadableJob] = []
@@ -228,8 +233,9 @@ public protocol JobStore: AnyObject, Sendable {
     /// A fetch node's stored response body, or `nil`.
     func body(jobID: String, nodeID: String) throws -> StoredBody?
 
-    /// Deletes a job with its nodes and bodies; false if none.
-    func deleteJob(id: String) throws -> Bool
+    /// Deletes a job with its nodes and bodies, after everything queued before; `completion` runs once, on the
+    /// store's thread (so it must be quick), with false if there was no such job, once the deletion is committed.
+    func deleteJob(id: String, _ completion: @escaping @Sendable (Result<Bool, StoreError>) -> Void)
 
     /// Jobs whose state is pending or running, oldest first, with their nodes (results included) — for recovery on start.
     /// A job whose row or nodes cannot be read is left out and appended to `unreadable`, so that one damaged job

@@ -173,10 +173,9 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     }
 
     /// Deletes the job, its nodes and its bodies in one transaction of the writer.
-    public func deleteJob(id: String) throws -> Bool {
-        let ticket = WriteTicket<Bool>()
-        guard queue.push(.delete(id, ticket)) else { throw StoreError(.closed, "store is closed") }
-        return try ticket.wait()
+    public func deleteJob(id: String, _ completion: @escaping @Sendable (Result<Bool, StoreError>) -> Void) {
+        let ticket = WriteTicket<Bool>(onComplete: completion)
+        if !queue.push(.delete(id, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
     }
 
     /// Deletes settled jobs finished before `finishedBeforeMs`, 500 per transaction.
