@@ -127,11 +127,7 @@ final class Timekeeper: @unchecked Sendable {
                     return engine.answerAfterCommit(live, completion)
                 }
                 guard let job = try engine.store.job(id: id) else { return completion(.success(.notFound)) }
-                switch job.state {
-                case .cancelled: return completion(.success(.alreadyCancelled(job)))
-                case .succeeded, .failed, .skipped: return completion(.success(.alreadySettled(job)))
-                case .pending, .running: break
-                }
+                if let settled = Engine.cancelOutcome(ofSettled: job) { return completion(.success(settled)) }
                 guard job.dueAt != nil else {
                     return completion(.failure(EngineError.storage("job \(id) is not running on this server")))
                 }

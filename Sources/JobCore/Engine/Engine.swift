@@ -650,21 +650,14 @@ public final class Engine: @unchecked Sendable {
     private func cancelNotLive(id: String, _ completion: @escaping @Sendable (Result<CancelOutcome, Error>) -> Void) {
         do {
             guard let job = try store.job(id: id) else { return completion(.success(.notFound)) }
-            switch job.state {
-            case .cancelled: return completion(.success(.alreadyCancelled(job)))
-            case .succeeded, .failed, .skipped: return completion(.success(.alreadySettled(job)))
-            case .pending, .running: break
-            }
+            if let settled = Self.cancelOutcome(ofSettled: job) { return completion(.success(settled)) }
             if job.dueAt != nil { return timekeeper.cancelWaiting(id: id, completion) }
             // Unfinished in the store yet not running here when we looked: it started, or finished and was
             // retired (which happens only once its last state is committed), between the two looks.
             if let live = queue.sync(execute: { cancelLive(id) }) { return answerAfterCommit(live, completion) }
             guard let again = try store.job(id: id) else { return completion(.success(.notFound)) }
-            switch again.state {
-            case .cancelled: completion(.success(.alreadyCancelled(again)))
-            case .succeeded, .failed, .skipped: completion(.success(.alreadySettled(again)))
-            case .pending, .running: cancelElsewhere(id: id, completion)
-            }
+            if let settled = Self.cancelOutcome(ofSettled: again) { return completion(.success(settled)) }
+            cancelElsewhere(id: id, completion)
         } catch {
             completion(.failure(error))
         }
@@ -675,13 +668,18 @@ public final class Engine: @unchecked Sendable {
     func cancelLive(_ id: String) -> Result<CancelOutcome, Error>? {
         guard let run = runs[id] else { return nil }
         if shuttingDown || run.stopping { return .failure(EngineError.shuttingDown("the server is shutting down")) }
-        switch run.record.state {
-        case .cancelled: return .success(.alreadyCancelled(run.record))
-        case .succeeded, .failed, .skipped: return .success(.alreadySettled(run.record))
-        case .pending, .running:
-            run.cancel()
-            flushDirty()
-            return .success(.cancelling(run.record))
+        if let settled = Self.cancelOutcome(ofSettled: run.record) { return .success(settled) }
+        run.cancel()
+        flushDirty()
+        return .success(.cancelling(run.record))
+    }
+
+    /// What a cancel answers for a job that is settled already; `nil` for one still pending or running.
+    static func cancelOutcome(ofSettled job: JobRecord) -> CancelOutcome? {
+        switch job.state {
+        case .cancelled: return .alreadyCancelled(job)
+        case .succeeded, .failed, .skipped: return .alreadySettled(job)
+        case .pending, .running: return nil
         }
     }
 
