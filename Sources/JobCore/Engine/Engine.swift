@@ -1096,25 +1096,30 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// A finished job stays readable from memory until the store has committed its last state.
-    /// Finished jobs wait here for the commit of their last state; one flush serves all of them.
+    /// Finished jobs wait here for the commit of their last state; one wait serves all of them, and holds no thread.
     private func retire(_ run: JobRun) {
         guard runs[run.id] === run else { return }
         retiring.append(run)
         guard !retireScheduled else { return }
         retireScheduled = true
-        let store = self.store
-        DispatchQueue.global().async {
-            // Taken before the flush: their last states were handed to the store before they got here.
-            let batch: [JobRun] = self.queue.sync {
-                defer { self.retiring.removeAll() }
-                return self.retiring
-            }
-            // Until then (a full disk retried for a while) they stay in memory, where reads find them.
-            try? store.waitUntilCommitted()
+        // In a later turn, so that the jobs finishing meanwhile share the wait.
+        queue.async { self.forgetRetiringOnceCommitted() }
+    }
+
+    /// On the queue, while `retireScheduled`.
+    private func forgetRetiringOnceCommitted() {
+        // Their last states were handed to the store before they got here.
+        let batch = retiring
+        retiring.removeAll()
+        // Until then (a full disk retried for a while) they stay in memory, where reads find them.
+        store.whenCommitted { _ in
             self.queue.async {
                 for run in batch { self.forget(run) }
-                self.retireScheduled = false
-                if let next = self.retiring.popLast() { self.retire(next) }
+                if self.retiring.isEmpty {
+                    self.retireScheduled = false
+                } else {
+                    self.forgetRetiringOnceCommitted()
+                }
             }
         }
     }

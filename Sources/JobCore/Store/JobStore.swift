@@ -144,6 +144,11 @@ extension JobStore {
         }.get()
     }
 
+    /// As `whenCommitted(_:)`, blocking the calling thread until the answer: for tools and tests, which may wait.
+    public func waitUntilCommitted() throws {
+        try waitForCompletion { done in whenCommitted(done) }.get()
+    }
+
     /// As `deleteJob(id:_:)`, blocking the calling thread until the answer: for tools and tests, which may wait.
     public func deleteJob(id: String) throws -> Bool {
         try waitForCompletion { done in deleteJob(id: id, done) }.get()
@@ -197,10 +202,11 @@ public protocol JobStore: AnyObject, Sendable {
     /// everything enqueued before this call is committed, or with the error that kept it from being written.
     func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void)
 
-    /// Blocks until everything enqueued before this call is committed, however many retries of a failing
-    /// disk that takes (unlike `flush`, which reports the first failure).
-    /// - Throws: `StoreError` when the store closes first, or when changes had to be given up (see `StoreHealth.droppedChanges`).
-    func waitUntilCommitted() throws
+    /// Calls `completion` (on the store's thread, so it must be quick) once everything enqueued before this call is
+    /// committed, however many retries of a failing disk that takes (unlike `flush`, which reports the first
+    /// failure); never blocks. Fails with a `StoreError` when the store closes first, or when changes had to be
+    /// given up (see `StoreHealth.droppedChanges`).
+    func whenCommitted(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void)
 
     /// How writes are going.
     var health: StoreHealth { get }

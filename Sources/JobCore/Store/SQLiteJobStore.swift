@@ -158,11 +158,11 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
-    /// Waits for the writer to commit everything queued before this call, through any number of retries.
-    public func waitUntilCommitted() throws {
-        let ticket = WriteTicket<Void>()
-        guard queue.push(.committed(ticket)) else { throw StoreError(.closed, "store is closed") }
-        try ticket.wait()
+    /// Calls `completion` on the writer thread once everything queued before this call is committed, through any
+    /// number of retries.
+    public func whenCommitted(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
+        let ticket = WriteTicket<Void>(onComplete: completion)
+        if !queue.push(.committed(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
     }
 
     /// How the writer is doing, as it last published.

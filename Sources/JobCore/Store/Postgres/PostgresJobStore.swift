@@ -163,10 +163,9 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         if !queue.push(.barrier(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
     }
 
-    public func waitUntilCommitted() throws {
-        let ticket = WriteTicket<Void>()
-        guard queue.push(.committed(ticket)) else { throw StoreError(.closed, "store is closed") }
-        try ticket.wait()
+    public func whenCommitted(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
+        let ticket = WriteTicket<Void>(onComplete: completion)
+        if !queue.push(.committed(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
     }
 
     public var health: StoreHealth { writerStatus.health }
