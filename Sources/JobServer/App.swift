@@ -57,10 +57,10 @@ final class App: @unchecked Sendable {
     /// Where refusals for a full queue wait out `fullRefusalDelayMs`.
     private let refusals = DispatchQueue(label: "jobserver.refusals")
     private let submissionQueueTurn = Atomic<Int>(0)
-    /// Submissions between their turn on a submission queue and the commit of their job, at most one per queue; the
-    /// rest wait in arrival order, holding no thread. This is the submissions' backpressure: the store's writer
-    /// runs ten nice steps down, so when the CPU is short its commits slow, and so do the submissions that wait for
-    /// them, rather than accepting jobs faster than their fetches run. Without it, 60 s of wrk left a backlog of up
+    /// Submissions between their turn on a submission queue and the commit of their job: at most as many as there are
+    /// queues; the rest wait in arrival order, holding no thread. This is the submissions' backpressure: the store's
+    /// writer runs ten nice steps down, so when the CPU is short its commits slow, and so do the submissions that wait
+    /// for them, rather than accepting jobs faster than their fetches run. Without it, 60 s of wrk left a backlog of up
     /// to 9,969 accepted jobs (the `--max-active-jobs` refusals then bound it) against at most 407.
     private let submissions = Admission(limit: submissionQueueCount)
     private let shutdownLock = Lock()
