@@ -144,6 +144,11 @@ extension JobStore {
         }.get()
     }
 
+    /// As `flush(_:)`, blocking the calling thread until the answer: for tools and tests, which may wait.
+    public func flush() throws {
+        try waitForCompletion { done in flush(done) }.get()
+    }
+
     /// As `whenCommitted(_:)`, blocking the calling thread until the answer: for tools and tests, which may wait.
     public func waitUntilCommitted() throws {
         try waitForCompletion { done in whenCommitted(done) }.get()
@@ -193,13 +198,9 @@ public protocol JobStore: AnyObject, Sendable {
     /// which the store lost in a crash.
     func enqueue(unstoredNodes: [NodeRecord])
 
-    /// Blocks until everything enqueued before this call is committed.
-    /// - Throws: `StoreError` if some change enqueued before it could not be written yet (it is kept and
-    ///   retried: see `waitUntilCommitted`), or had to be given up since the previous `flush`.
-    func flush() throws
-
-    /// As `flush()`, without blocking: `completion` runs (on the store's thread, so it must be quick) once
-    /// everything enqueued before this call is committed, or with the error that kept it from being written.
+    /// Calls `completion` (on the store's thread, so it must be quick) once everything enqueued before this call is
+    /// committed; never blocks. Fails with a `StoreError` if some change enqueued before it could not be written yet
+    /// (it is kept and retried: see `whenCommitted`), or had to be given up since the previous `flush`.
     func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void)
 
     /// Calls `completion` (on the store's thread, so it must be quick) once everything enqueued before this call is

@@ -97,15 +97,14 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         completion: @escaping @Sendable (Result<CreateOutcome, StoreError>) -> Void
     ) {
         let nodesFollow = nodesMayFollow && !nodes.isEmpty
-        let ticket = WriteTicket<CreateOutcome> { [self] result in
+        let request = CreateRequest(
+            job: job, nodes: nodesFollow ? [] : nodes, idempotencyKey: idempotencyKey, requestHash: requestHash)
+        queue.push(answering: { [self] result in
             // On the writer, after the commit: the rows are queued before anyone hears of the job, so before any
             // change to them.
             if nodesFollow, case .success(.created) = result { enqueue(unstoredNodes: nodes) }
             completion(result)
-        }
-        let request = CreateRequest(
-            job: job, nodes: nodesFollow ? [] : nodes, idempotencyKey: idempotencyKey, requestHash: requestHash)
-        if !queue.push(.create(request, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+        }) { .create(request, $0) }
     }
 
     public func enqueue(unstoredNodes nodes: [NodeRecord]) {
@@ -118,25 +117,16 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         queue.push(Changes(jobs: jobs, nodes: nodes, bodies: bodies), logger: logger)
     }
 
-    /// Waits for the writer to commit everything queued before this call.
-    public func flush() throws {
-        let ticket = WriteTicket<Void>()
-        guard queue.push(.barrier(ticket)) else { throw StoreError(.closed, "store is closed") }
-        try ticket.wait()
-    }
-
     /// Calls `completion` on the writer thread once everything queued before this call is committed
     /// (or could not be); never blocks.
     public func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
-        let ticket = WriteTicket<Void>(onComplete: completion)
-        if !queue.push(.barrier(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+        queue.push(answering: completion) { .barrier($0) }
     }
 
     /// Inserts a map's copies and its items in one transaction, after everything queued before; `completion` runs
     /// on the store's thread once that is committed, or with the error that kept it from being.
     public func expandMap(_ expansion: MapExpansionRecord, _ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
-        let ticket = WriteTicket<Void>(onComplete: completion)
-        if !queue.push(.expand(expansion, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+        queue.push(answering: completion) { .expand(expansion, $0) }
     }
 
     /// The expansions of a job's maps, in the order they were made (their copies' first position).
@@ -161,8 +151,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     /// Calls `completion` on the writer thread once everything queued before this call is committed, through any
     /// number of retries.
     public func whenCommitted(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
-        let ticket = WriteTicket<Void>(onComplete: completion)
-        if !queue.push(.committed(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+        queue.push(answering: completion) { .committed($0) }
     }
 
     /// How the writer is doing, as it last published.
@@ -174,8 +163,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     /// Deletes the job, its nodes and its bodies in one transaction of the writer.
     public func deleteJob(id: String, _ completion: @escaping @Sendable (Result<Bool, StoreError>) -> Void) {
-        let ticket = WriteTicket<Bool>(onComplete: completion)
-        if !queue.push(.delete(id, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+        queue.push(answering: completion) { .delete(id, $0) }
     }
 
     /// Deletes settled jobs finished before `finishedBeforeMs`, 500 per transaction.
@@ -527,6 +515,17 @@ final class WriteQueue: @unchecked Sendable {
             logger.warning("store is closed; state changes dropped", [
                 "jobs": .int(changes.jobs.count), "nodes": .int(changes.nodes.count + changes.unstoredNodes.count),
             ])
+        }
+    }
+
+    /// Queues the op `makeOp` builds around a ticket answered through `completion`, on the writer's thread; once the
+    /// queue is closed, `completion` is told so at once.
+    func push<Value>(
+        answering completion: @escaping @Sendable (Result<Value, StoreError>) -> Void,
+        _ makeOp: (WriteTicket<Value>) -> WriteOp
+    ) {
+        if !push(makeOp(WriteTicket(onComplete: completion))) {
+            completion(.failure(StoreError(.closed, "store is closed")))
         }
     }
 

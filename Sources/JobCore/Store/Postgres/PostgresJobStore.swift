@@ -139,9 +139,8 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool,
         completion: @escaping @Sendable (Result<CreateOutcome, StoreError>) -> Void
     ) {
-        let ticket = WriteTicket<CreateOutcome>(onComplete: completion)
         let request = CreateRequest(job: job, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash)
-        if !queue.push(.create(request, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+        queue.push(answering: completion) { .create(request, $0) }
     }
 
     public func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)]) {
@@ -152,20 +151,12 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         queue.push(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: nodes), logger: logger)
     }
 
-    public func flush() throws {
-        let ticket = WriteTicket<Void>()
-        guard queue.push(.barrier(ticket)) else { throw StoreError(.closed, "store is closed") }
-        try ticket.wait()
-    }
-
     public func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
-        let ticket = WriteTicket<Void>(onComplete: completion)
-        if !queue.push(.barrier(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+        queue.push(answering: completion) { .barrier($0) }
     }
 
     public func whenCommitted(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
-        let ticket = WriteTicket<Void>(onComplete: completion)
-        if !queue.push(.committed(ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+        queue.push(answering: completion) { .committed($0) }
     }
 
     public var health: StoreHealth { writerStatus.health }
@@ -175,8 +166,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     }
 
     public func deleteJob(id: String, _ completion: @escaping @Sendable (Result<Bool, StoreError>) -> Void) {
-        let ticket = WriteTicket<Bool>(onComplete: completion)
-        if !queue.push(.delete(id, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+        queue.push(answering: completion) { .delete(id, $0) }
     }
 
     /// Deletes settled jobs finished before `finishedBeforeMs`, 500 per transaction.
@@ -195,8 +185,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     }
 
     public func expandMap(_ expansion: MapExpansionRecord, _ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
-        let ticket = WriteTicket<Void>(onComplete: completion)
-        if !queue.push(.expand(expansion, ticket)) { completion(.failure(StoreError(.closed, "store is closed"))) }
+        queue.push(answering: completion) { .expand(expansion, $0) }
     }
 
     public func close() {
