@@ -9,15 +9,7 @@ extension Engine {
         state: NodeState?, limit: Int, cursor: String?,
         _ completion: @escaping @Sendable (Result<JobPage, Error>) -> Void
     ) {
-        store.flush { [self] flushed in
-            // On the writer's thread: only hand over.
-            reads.async { [self] in
-                completion(Result {
-                    try flushed.get()
-                    return try listFlushed(state: state, limit: limit, cursor: cursor)
-                })
-            }
-        }
+        readAfterCommit({ [self] in try listFlushed(state: state, limit: limit, cursor: cursor) }, completion)
     }
 
     /// The page, once the writer has committed what came before.

@@ -499,6 +499,22 @@ public final class Engine: @unchecked Sendable {
         reads.async(work)
     }
 
+    /// Runs `read` on a read queue once the store has committed everything handed to it before this call, and passes
+    /// on what it returns or throws, or the commit's failure. Holds no thread while it waits.
+    func readAfterCommit<T>(
+        _ read: @escaping @Sendable () throws -> T, _ completion: @escaping @Sendable (Result<T, Error>) -> Void
+    ) {
+        store.flush { [self] flushed in
+            // On the writer's thread: only hand over.
+            onReadQueue {
+                completion(Result {
+                    try flushed.get()
+                    return try read()
+                })
+            }
+        }
+    }
+
     /// The job as `GET /v1/jobs/{id}` shows it: a settled job's answer made once (from the cache without touching
     /// `queue`), else the live record, else the stored one (read without its submitted request).
     public func readJob(id: String, _ completion: @escaping @Sendable (Result<JobRead, Error>) -> Void) {
@@ -589,11 +605,7 @@ public final class Engine: @unchecked Sendable {
     public func body(
         jobID: String, nodeID: String, _ completion: @escaping @Sendable (Result<StoredBody?, Error>) -> Void
     ) {
-        store.flush { flushed in
-            self.onReadQueue {
-                completion(Result { try flushed.get(); return try self.store.body(jobID: jobID, nodeID: nodeID) })
-            }
-        }
+        readAfterCommit({ try self.store.body(jobID: jobID, nodeID: nodeID) }, completion)
     }
 
     /// Waits, for at most `milliseconds`, until `accept` holds for the number of long-polls waiting on jobs running
@@ -715,29 +727,25 @@ public final class Engine: @unchecked Sendable {
                 run.stop()
                 self.forget(run)
             }
-            self.store.flush { flushed in
-                self.onReadQueue { self.deleteStored(id: id, flushed: flushed, completion) }
+            // The stored state, once what came before is committed: a job still pending or running there is refused.
+            self.readAfterCommit({ () -> (state: NodeState?, active: JobRecord?) in
+                let state = try self.store.jobState(id: id)
+                guard let state, !state.isSettled else { return (state, nil) }
+                return (state, try self.store.jobWithoutRequest(id: id))
+            }) { looked in
+                switch looked {
+                case .failure(let error): completion(.failure(error))
+                case .success((_, let active?)): completion(.success(.active(active)))
+                case .success((let state, nil)): self.deleteStored(id: id, state: state, completion)
+                }
             }
         }
     }
 
-    /// Deletes a job that is not in memory, once what was queued before is committed (`flushed`). On a read queue.
+    /// Deletes a job that is not in memory, whose stored state was `state`.
     private func deleteStored(
-        id: String, flushed: Result<Void, StoreError>,
-        _ completion: @escaping @Sendable (Result<DeleteOutcome, Error>) -> Void
+        id: String, state: NodeState?, _ completion: @escaping @Sendable (Result<DeleteOutcome, Error>) -> Void
     ) {
-        let state: NodeState?
-        do {
-            try flushed.get()
-            state = try store.jobState(id: id)
-            if let state, !state.isSettled, let job = try store.jobWithoutRequest(id: id) {
-                completion(.success(.active(job)))
-                return
-            }
-        } catch {
-            completion(.failure(error))
-            return
-        }
         store.deleteJob(id: id) { deleted in
             // On the store's thread, after the commit.
             switch deleted {
