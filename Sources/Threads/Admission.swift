@@ -1,3 +1,5 @@
+import Synchronization
+
 /// At most `limit` pieces of work in flight, the rest waiting in arrival order, and no thread held by any of them.
 ///
 /// `enter` runs its work at once while fewer than `limit` are in flight, on the calling thread; otherwise the work
@@ -59,16 +61,13 @@ public final class Admission: Sendable {
     /// The right to one place in flight; `callAsFunction` gives it back.
     public final class Release: Sendable {
         private let admission: Admission
-        private let released = Locked(false)
+        /// Set by the first call; an atomic flag rather than a `Locked`, which would cost a mutex per piece of work.
+        private let released = Atomic<Bool>(false)
 
         fileprivate init(_ admission: Admission) { self.admission = admission }
 
         public func callAsFunction() {
-            let first = released.withLock { released -> Bool in
-                defer { released = true }
-                return !released
-            }
-            if first { admission.leave() }
+            if !released.exchange(true, ordering: .acquiringAndReleasing) { admission.leave() }
         }
     }
 }
