@@ -954,6 +954,13 @@ public final class Engine: @unchecked Sendable {
         for fetch in ended { fetch.takeIn() }
     }
 
+    /// Begins the queued fetches that have slots now, in the middle of a turn that queues many (a large list
+    /// starting): a fetch is begun only once its node's deferred is in place, which holds for the children a
+    /// list has started.
+    func pumpQueuedFetches() {
+        pumpFetches()
+    }
+
     func schedulePump() {
         guard !pumpScheduled else { return }
         pumpScheduled = true

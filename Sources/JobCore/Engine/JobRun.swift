@@ -238,6 +238,21 @@ final class JobRun: @unchecked Sendable {
 
     // MARK: - list
 
+    /// How many children a list starts between two hand-overs of queued fetches to the fetcher.
+    static let childrenPerPump = 64
+
+    /// Starts `children` in order, handing the fetches queued so far to the fetcher after every `childrenPerPump`
+    /// of them rather than once all have started: starting 10,000 took 40–60 ms, in which no transfer began.
+    private func startEach(_ children: [Int]) -> [Deferred] {
+        var started: [Deferred] = []
+        started.reserveCapacity(children.count)
+        for child in children {
+            started.append(start(child))
+            if started.count % Self.childrenPerPump == 0 { engine.pumpQueuedFetches() }
+        }
+        return started
+    }
+
     private func startList(_ i: Int, _ options: ListOptions) -> Deferred {
         markRunning(i)
         let children = graph.nodes[i].children
@@ -247,7 +262,7 @@ final class JobRun: @unchecked Sendable {
             runners[i] = window
             childDeferreds = window.placeholders
         } else {
-            childDeferreds = children.map { start($0) }
+            childDeferreds = startEach(children)
         }
         let list = DeferredList(
             childDeferreds, fireOnFirstResult: options.fireOnFirstResult, fireOnFirstError: options.fireOnFirstError)
