@@ -624,6 +624,48 @@ class EngineTests: EngineTestCase {
         }
     }
 
+    func testARunningJobStoresANodeRowOnlyOnceTheNodeChangesAndARestartMakesTheOthersAgain() throws {
+        // A sequence whose second child waits for the first: while the first hangs, the second's row is not stored
+        // on SQLite, which writes a row with its node's first change or with its job once it settles. Servers that
+        // share PostgreSQL read each other's rows, so there every row is written at once.
+        let first = try makeEngine(dbName: "unchanged.sqlite")
+        let job = try submit(first, """
+            {"graph":{"type":"sequence","children":[
+              {"id":"slow","type":"fetch","url":\(u("/hang"))},
+              {"id":"next","type":"fetch","url":\(u("/json"))}]}}
+            """)
+        _ = try waitForNodes(first, job.id) { $0["slow"]?.state == .running }
+        _ = try first.metricsNow
+        try first.store.flush()
+        XCTAssertEqual(
+            try first.store.nodes(jobID: job.id, includeResults: false).map(\.id),
+            Self.usesPostgres ? ["root", "slow", "next"] : ["root", "slow"])
+        // Stopped as a kill would leave it: the rebuilt job makes the missing row again, pending, and runs on.
+        first.shutdown(gracePeriodMs: 2000)
+        engines.removeAll()
+        try executeRaw("UPDATE nodes SET state = 'succeeded', result = '1' WHERE id = 'slow'", dbName: "unchanged.sqlite")
+        try executeRaw("UPDATE jobs SET p_running = p_running - 1, p_succeeded = p_succeeded + 1", dbName: "unchanged.sqlite")
+        let restarted = try makeEngine(dbName: "unchanged.sqlite")
+        XCTAssertEqual(try settled(restarted, job.id).state, .succeeded)
+        XCTAssertEqual(try storedStates(restarted, job.id), [.succeeded, .succeeded, .succeeded])
+        XCTAssertEqual(try restarted.metricsNow.jobLoadFailures, 0)
+    }
+
+    func testASettledJobHasEveryNodeRowStoredEvenThoseThatNeverChanged() throws {
+        // The first child fails: the sequence stops, its second child never runs, and its row is stored all the same.
+        let engine = try makeEngine()
+        let job = try submit(engine, """
+            {"graph":{"type":"sequence","children":[
+              {"id":"bad","type":"fetch","url":\(u("/status/500"))},
+              {"id":"never","type":"fetch","url":\(u("/json"))}]}}
+            """)
+        XCTAssertEqual(try settled(engine, job.id).state, .failed)
+        XCTAssertEqual(try storedStates(engine, job.id).count, 3)
+        let stored = try engine.store.nodes(jobID: job.id, includeResults: false)
+        let shown = try nodes(engine, job.id)
+        XCTAssertEqual(Dictionary(uniqueKeysWithValues: stored.map { ($0.id, $0.state) }), shown.mapValues(\.state))
+    }
+
     func testRestartSettlesNodesLeftRunningInASettledJob() throws {
         let first = try makeEngine(dbName: "leftover.sqlite")
         let job = try submit(first, """

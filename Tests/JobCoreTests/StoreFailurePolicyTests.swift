@@ -130,6 +130,50 @@ final class StoreFailurePolicyTests: StoreTestCase, @unchecked Sendable {  // @u
         XCTAssertTrue(rest.unstored.isEmpty)
     }
 
+    func testUnstoredRowsWaitForTheirFirstChangeOrTheirJobSettling() {
+        var pending = PendingChanges(defersUnchangedRows: true)
+        let (job, nodes) = makeJob(1, nodes: 4)
+        pending.merge(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: nodes))
+        // Rows as queued are nothing to commit: a flush has nothing to wait for.
+        XCTAssertTrue(pending.isEmpty)
+        XCTAssertEqual(pending.count, 0)
+        XCTAssertEqual(pending.unchanged[job.id]?.count, 4)
+
+        // A node's first change is its row's insert, with the changed record.
+        var started = nodes[1]
+        started.state = .running
+        pending.merge(Changes(jobs: [job], nodes: [started], bodies: []))
+        XCTAssertEqual(pending.unstored, [NodeKey(jobID: job.id, position: 1)])
+        XCTAssertEqual(pending.nodes[NodeKey(jobID: job.id, position: 1)]?.state, .running)
+        XCTAssertEqual(pending.unchanged[job.id]?.count, 3)
+
+        // Committed: kept rows stay, the written ones go; a later change of a stored row is an update.
+        pending.removeAll()
+        XCTAssertTrue(pending.isEmpty)
+        XCTAssertEqual(pending.unchanged[job.id]?.count, 3)
+        started.state = .succeeded
+        pending.merge(Changes(jobs: [], nodes: [started], bodies: []))
+        XCTAssertTrue(pending.unstored.isEmpty)
+
+        // The job settles: every row it has not stored goes in with it, as it is.
+        var settled = job
+        settled.state = .failed
+        pending.merge(Changes(jobs: [settled], nodes: [], bodies: []))
+        XCTAssertNil(pending.unchanged[job.id])
+        XCTAssertEqual(pending.unstored, Set([0, 2, 3].map { NodeKey(jobID: job.id, position: $0) }))
+        XCTAssertEqual(pending.nodes.count, 4)
+
+        // A deleted job's rows are forgotten; without deferral rows are inserted at once, as before.
+        let (other, otherNodes) = makeJob(2)
+        pending.merge(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: otherNodes))
+        pending.forgetUnchanged(jobID: other.id)
+        XCTAssertTrue(pending.unchanged.isEmpty)
+        var eager = PendingChanges()
+        eager.merge(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: otherNodes))
+        XCTAssertEqual(eager.unstored.count, otherNodes.count)
+        XCTAssertTrue(eager.unchanged.isEmpty)
+    }
+
     func testReadsOutOfFileDescriptorsAreResourceFailures() throws {
         let store = try openStore()
         defer { store.close() }

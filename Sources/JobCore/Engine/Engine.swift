@@ -237,26 +237,34 @@ public final class Engine: @unchecked Sendable {
 
     func rebuild(_ job: JobRecord, _ stored: [NodeRecord]) throws -> JobRun {
         var spec = try JobSpec.parse(job.request, limits: configuration.limits.forStoredJobs)
-        // The copies of the maps that had expanded come after the submitted nodes, as they were made.
-        if stored.count > spec.graph.nodes.count {
+        // The copies of the maps that had expanded come after the submitted nodes, as they were made, and are stored
+        // when they are.
+        if stored.contains(where: { $0.position >= spec.graph.nodes.count }) {
             try MapExpansion.restore(store.mapExpansions(jobID: job.id), into: &spec.graph)
         }
-        var nodes: [NodeRecord]
-        if stored.isEmpty, job.version == 1 {
-            // Stopped between its row's commit and its node rows' (`SQLiteJobStore.createJob`): no change of it was
-            // stored (the first would have made it version 2, in the commit of the rows or after), so its nodes start
-            // from the beginning, as a node whose start was not yet committed does. Rows missing from a job changed
-            // since are damage: it fails below.
-            nodes = spec.graph.pendingNodeRecords(jobID: job.id)
-            store.enqueue(unstoredNodes: nodes)
-            logger.info("stored job had no node rows; they are made again from its request", [
-                "job": .string(job.id), "nodes": .int(nodes.count),
-            ])
-        } else {
-            guard spec.graph.nodes.count == stored.count else {
-                throw EngineError.invalidStoredJob("the graph has \(spec.graph.nodes.count) nodes, the store \(stored.count)")
+        // A node's row may be missing: stopped between the job's commit and its node rows' (`createJob`), or a row
+        // that is stored only with its node's first change (`PendingChanges.unchanged`). Either way no change of the
+        // node was stored, so it starts from the beginning, as a node whose start was not yet committed does. A job
+        // changed since its creation has the row of its root at least (its first change is the root's start, written
+        // in the same commit): one with no row at all is damaged, and fails below.
+        guard !stored.isEmpty || job.version == 1 else {
+            throw EngineError.invalidStoredJob("the job changed since it was created, but none of its node rows is stored")
+        }
+        var nodes = spec.graph.pendingNodeRecords(jobID: job.id)
+        var found = Array(repeating: false, count: nodes.count)
+        for node in stored {
+            guard nodes.indices.contains(node.position), !found[node.position] else {
+                throw EngineError.invalidStoredJob("the graph has \(nodes.count) nodes, the store one at position \(node.position)")
             }
-            nodes = stored.sorted { $0.position < $1.position }
+            found[node.position] = true
+            nodes[node.position] = node
+        }
+        let missing = found.indices.filter { !found[$0] }.map { nodes[$0] }
+        if !missing.isEmpty {
+            store.enqueue(unstoredNodes: missing)
+            logger.info("stored job lacked node rows; they are made again from its request, pending", [
+                "job": .string(job.id), "nodes": .int(missing.count),
+            ])
         }
         // A node unsettled under a settled one will never be started again (a child a `cancel_remaining: false`
         // list left running, or a job whose last state was not written): it ends cancelled.

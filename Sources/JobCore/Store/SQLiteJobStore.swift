@@ -598,6 +598,19 @@ struct PendingChanges {
     private(set) var bodies: [BodyKey: BodyChange] = [:]
     /// The nodes of `nodes` whose rows are not stored yet: inserted, not updated.
     private(set) var unstored: Set<NodeKey> = []
+    /// With `defersUnchangedRows`: node rows not stored yet and still as they were queued (pending), by job and
+    /// position. Each is inserted with its first change, or with its job's row once the job settles, so a fetch
+    /// that runs is one row write, not a pending row and then its update. They are not changes anybody waits for:
+    /// they say nothing the job's stored request does not, and `Engine.rebuild` makes missing rows again, pending.
+    /// Neither `isEmpty` nor `count` counts them; `removeAll` keeps them.
+    private(set) var unchanged: [String: [Int: NodeRecord]] = [:]
+    /// Whether unstored node rows wait in `unchanged` for their first change. Only where nothing else reads the
+    /// rows of a job that is running (one SQLite server); servers sharing PostgreSQL read each other's.
+    let defersUnchangedRows: Bool
+
+    init(defersUnchangedRows: Bool = false) {
+        self.defersUnchangedRows = defersUnchangedRows
+    }
 
     var isEmpty: Bool { jobs.isEmpty && nodes.isEmpty && bodies.isEmpty }
     /// Records kept (jobs, nodes and bodies).
@@ -605,13 +618,39 @@ struct PendingChanges {
 
     mutating func merge(_ changes: Changes) {
         for node in changes.unstoredNodes {
-            let key = NodeKey(jobID: node.jobID, position: node.position)
-            nodes[key] = node
-            unstored.insert(key)
+            if defersUnchangedRows {
+                unchanged[node.jobID, default: [:]][node.position] = node
+            } else {
+                let key = NodeKey(jobID: node.jobID, position: node.position)
+                nodes[key] = node
+                unstored.insert(key)
+            }
         }
-        for job in changes.jobs { jobs[job.id] = job }
-        for node in changes.nodes { nodes[NodeKey(jobID: node.jobID, position: node.position)] = node }
+        for node in changes.nodes {
+            let key = NodeKey(jobID: node.jobID, position: node.position)
+            if !unchanged.isEmpty, unchanged[node.jobID]?.removeValue(forKey: node.position) != nil {
+                unstored.insert(key)
+                if unchanged[node.jobID]?.isEmpty == true { unchanged[node.jobID] = nil }
+            }
+            nodes[key] = node
+        }
+        for job in changes.jobs {
+            jobs[job.id] = job
+            // A settled job's rows are all stored with it: reads of a job that is not running find every node.
+            if job.state.isSettled, let rest = unchanged.removeValue(forKey: job.id) {
+                for (position, node) in rest {
+                    let key = NodeKey(jobID: job.id, position: position)
+                    nodes[key] = node
+                    unstored.insert(key)
+                }
+            }
+        }
         for body in changes.bodies { bodies[BodyKey(jobID: body.jobID, nodeID: body.nodeID)] = body }
+    }
+
+    /// Forgets the unchanged rows of a deleted job.
+    mutating func forgetUnchanged(jobID: String) {
+        unchanged[jobID] = nil
     }
 
     mutating func removeAll() {
@@ -693,7 +732,7 @@ final class StoreWriter: @unchecked Sendable {
     private let logger: Logger
     let status = WriterStatus()
     private var fullSync = false
-    private var pending = PendingChanges()
+    private var pending = PendingChanges(defersUnchangedRows: true)
     /// `.committed` ops, answered when `pending` is empty after a commit.
     private var commitWaiters: [WriteTicket<Void>] = []
     /// Changes given up (a failure other than a resource), reported by the next `flush`.
@@ -747,6 +786,8 @@ final class StoreWriter: @unchecked Sendable {
             }
         }
         if pending.isEmpty { answerCommitWaiters(.success(())) }
+        // Only rows that wait for their first change (`PendingChanges.unchanged`): nothing to commit yet.
+        if pending.isEmpty, ops.isEmpty, failure == nil { return }
         if let failure, Timestamp.monotonicMs() < retryAtMs {
             // Not yet time to try again: refused at once rather than each request waiting on a failing disk.
             let refusal = StoreError(.unavailable, "writes are failing (\(failure)); retrying", sqliteCode: failure.sqliteCode)
@@ -936,6 +977,7 @@ final class StoreWriter: @unchecked Sendable {
             answers.append { ticket.complete(.success(outcome)) }
         case .delete(let id, let ticket):
             let deleted = try deleteJob(id)
+            pending.forgetUnchanged(jobID: id)
             answers.append { ticket.complete(.success(deleted)) }
         case .sweep(let before, let limit, let ticket):
             let count = try sweep(before: before, limit: limit)
