@@ -733,7 +733,9 @@ class EngineTests: EngineTestCase {
         try storeJob(store, id: "d-bad-node", good, state: .running)
         try storeJob(store, id: "e-good", good)
         store.close()
-        try executeRaw("UPDATE jobs SET request = '{\"graph\": [' WHERE id = 'b-bad-request'", dbName: "damaged.sqlite")
+        // SQLite keeps a job's request in a table of its own (schema version 9).
+        let (table, key) = Self.usesPostgres ? ("jobs", "id") : ("job_requests", "job_id")
+        try executeRaw("UPDATE \(table) SET request = '{\"graph\": [' WHERE \(key) = 'b-bad-request'", dbName: "damaged.sqlite")
         try executeRaw("UPDATE jobs SET metadata = '{not json' WHERE id = 'c-bad-metadata'", dbName: "damaged.sqlite")
         try executeRaw("UPDATE nodes SET state = 'exploded' WHERE job_id = 'd-bad-node' AND position = 1", dbName: "damaged.sqlite")
 

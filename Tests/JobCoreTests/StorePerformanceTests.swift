@@ -85,7 +85,7 @@ final class StorePerformanceTests: StoreTestCase, @unchecked Sendable {  // @unc
             String(p.failed), String(p.cancelled), String(p.skipped), "NULL", "NULL", "NULL", literal(job.request.text),
             "NULL", "NULL",
         ]
-        return "INSERT INTO jobs (\(Columns.job), idempotency_key, request_hash) VALUES (\(values.joined(separator: ", ")));\n"
+        return "INSERT INTO jobs (\(Columns.jobRow), idempotency_key, request_hash) VALUES (\(values.joined(separator: ", ")));\n"
     }
 
     private func insertSQL(_ node: NodeRecord) -> String {

@@ -481,6 +481,48 @@ class StoreTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreT
         XCTAssertEqual(try StoreSchema.userVersion(raw), StoreSchema.currentVersion)
     }
 
+    func testARequestStoredInItsJobRowBeforeVersion9IsStillReadAndDeletedWithIt() throws {
+        // Two jobs with an input, then the file made as version 8 left it: the requests in the jobs' rows.
+        var store = try openStore()
+        for n in [1, 2] {
+            var (job, nodes) = makeJob(n)
+            job.request = .object(["graph": .object(["type": "list"]), "input": .object(["n": .int(n)])])
+            _ = try store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil)
+        }
+        store.close()
+        let raw = try SQLiteConnection(path: dbPath, create: false)
+        try raw.execute(
+            "UPDATE jobs SET request = (SELECT request FROM job_requests WHERE job_id = jobs.id); DROP TABLE job_requests; "
+                + "PRAGMA user_version = 8")
+        raw.close()
+
+        store = try openStore()
+        defer { store.close() }
+        try assertSchemaIsCurrent()
+        XCTAssertEqual(try store.job(id: jobID(1))?.request["input"]?["n"], .int(1))
+        XCTAssertEqual(try store.jobWithoutRequest(id: jobID(1))?.request, .object(["input": .object(["n": .int(1)])]))
+        // A job written now keeps its request apart from its row, which stays small whatever the request.
+        var (job, nodes) = makeJob(3)
+        job.request = .object(["graph": .object(["type": "list"]), "input": .string(String(repeating: "x", count: 100_000))])
+        _ = try store.createJob(job, nodes: nodes, idempotencyKey: nil, requestHash: nil)
+        XCTAssertEqual(try store.job(id: jobID(3))?.request, job.request)
+        XCTAssertEqual(try store.jobWithoutRequest(id: jobID(3))?.request["input"], job.request["input"])
+        let check = try SQLiteConnection(path: dbPath, create: false)
+        defer { check.close() }
+        let sizes = try check.prepare("SELECT length(request) FROM jobs WHERE id = ?1")
+        sizes.bind(1, jobID(3))
+        XCTAssertTrue(try sizes.step())
+        XCTAssertEqual(sizes.int(0), 0)
+        sizes.reset()
+        // Deleting a job deletes its request, wherever it is.
+        for n in [1, 3] { XCTAssertTrue(try store.deleteJob(id: jobID(n))) }
+        let left = try check.prepare("SELECT count(*) FROM job_requests")
+        XCTAssertTrue(try left.step())
+        XCTAssertEqual(left.int(0), 0)
+        left.reset()
+        XCTAssertEqual(try store.job(id: jobID(2))?.request["input"]?["n"], .int(2))
+    }
+
     func testFileFromANewerVersionIsRefused() throws {
         try openStore().close()
         let raw = try SQLiteConnection(path: dbPath, create: false)

@@ -996,7 +996,6 @@ final class StoreWriter: @unchecked Sendable {
         let job = request.job
         let insert = try db.prepare(SQL.insertJob)
         Rows.bind(job, to: insert)
-        insert.bind(19, json: job.request)
         insert.bind(27, request.idempotencyKey)
         insert.bind(28, request.requestHash)
         try insert.run()
@@ -1015,6 +1014,10 @@ final class StoreWriter: @unchecked Sendable {
             try Rows.assembleResult(of: &existing, db: db)
             return hash == request.requestHash ? .existing(existing) : .conflict(existing)
         }
+        let insertRequest = try db.prepare(SQL.insertRequest)
+        insertRequest.bind(1, job.id)
+        insertRequest.bind(2, json: job.request)
+        try insertRequest.run()
         let insertNode = try db.prepare(SQL.insertNode)
         for node in request.nodes {
             insertNode.reset()
@@ -1091,6 +1094,9 @@ final class StoreWriter: @unchecked Sendable {
         job.bind(1, id)
         try job.run()
         let deleted = db.changes > 0
+        let request = try db.prepare("DELETE FROM job_requests WHERE job_id = ?1")
+        request.bind(1, id)
+        try request.run()
         let nodes = try db.prepare("DELETE FROM nodes WHERE job_id = ?1")
         nodes.bind(1, id)
         try nodes.run()
@@ -1196,9 +1202,16 @@ final class ReaderPool: @unchecked Sendable {
 
 /// Column lists shared by the statements and `Rows`, which reads them by index.
 enum Columns {
+    /// What `job` reads, in `jobs` (unaliased).
     static let job = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
+        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, "
+        + request + ", " + Columns.schedule + ", result_ref"
+    /// The columns of `jobs` that `job` reads, as an insert names them.
+    static let jobRow = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, request, "
         + Columns.schedule + ", result_ref"
+    /// A job's submitted request: in `job_requests` (schema version 9), or in the `jobs` row written before it.
+    static let request = "COALESCE((SELECT request FROM job_requests WHERE job_id = jobs.id), jobs.request)"
     /// Listings leave out the two columns that may be large.
     static let listedJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, NULL, NULL, "
@@ -1208,8 +1221,14 @@ enum Columns {
     /// is `{"input": …}` when it was given one, else `null`.
     static let shownJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
         + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, "
-        + "CASE WHEN NOT json_valid(request) THEN NULL WHEN json_type(request, '$.input') IS NULL THEN NULL "
-        + "ELSE json_object('input', json(request -> '$.input')) END, " + Columns.schedule + ", result_ref"
+        + "COALESCE((SELECT \(input(of: "request")) FROM job_requests WHERE job_id = jobs.id), \(input(of: "jobs.request"))), "
+        + Columns.schedule + ", result_ref"
+    /// `{"input": …}` of the request in `column`, or `NULL` (a row written before version 9 has it in `jobs`, a row
+    /// written since has it empty there).
+    private static func input(of column: String) -> String {
+        "CASE WHEN NOT json_valid(\(column)) THEN NULL WHEN json_type(\(column), '$.input') IS NULL THEN NULL "
+            + "ELSE json_object('input', json(\(column) -> '$.input')) END"
+    }
     /// How many columns `job` has.
     static let jobCount: Int32 = 26
     /// API.md §8, columns 19–24 of `job`.
@@ -1227,8 +1246,10 @@ enum Columns {
 }
 
 enum SQL {
-    static let insertJob = "INSERT INTO jobs (\(Columns.job), idempotency_key, request_hash) VALUES ("
-        + (1...28).map { "?\($0)" }.joined(separator: ", ") + ") ON CONFLICT (idempotency_key) DO NOTHING"
+    /// `request` (?19) is left empty: it goes in `job_requests` (`insertRequest`).
+    static let insertJob = "INSERT INTO jobs (\(Columns.jobRow), idempotency_key, request_hash) VALUES ("
+        + (1...28).map { $0 == 19 ? "''" : "?\($0)" }.joined(separator: ", ") + ") ON CONFLICT (idempotency_key) DO NOTHING"
+    static let insertRequest = "INSERT INTO job_requests (job_id, request) VALUES (?1, ?2)"
     /// Everything but `request`, which never changes.
     static let updateJob = "UPDATE jobs SET name = ?2, state = ?3, created_at = ?4, started_at = ?5, finished_at = ?6, "
         + "deadline_ms = ?7, version = ?8, p_total = ?9, p_pending = ?10, p_running = ?11, p_succeeded = ?12, "
