@@ -98,13 +98,7 @@ enum StoreSchema {
             next_attempt_at INTEGER
         );
         CREATE INDEX webhook_outbox_due ON webhook_outbox (next_attempt_at) WHERE state = 'pending';
-        CREATE TRIGGER webhook_outbox_on_insert AFTER INSERT ON jobs
-        WHEN instr(NEW.request, '"notify"') > 0
-            AND CASE WHEN json_valid(NEW.request) THEN json_type(NEW.request, '$.notify.url') = 'text' ELSE 0 END
-        BEGIN
-            INSERT OR REPLACE INTO webhook_outbox (job_id, url, state)
-            VALUES (NEW.id, json_extract(NEW.request, '$.notify.url'), 'waiting');
-        END;
+        \(outboxTrigger("webhook_outbox_on_insert", on: "jobs", jobID: "id"))
         CREATE TRIGGER webhook_outbox_on_settle AFTER UPDATE OF state ON jobs
         WHEN NEW.state IN ('succeeded', 'failed', 'cancelled', 'skipped') AND OLD.state IN ('pending', 'running')
         BEGIN
@@ -139,24 +133,32 @@ enum StoreSchema {
         """,
         // 9: a job's submitted request in a table of its own, written once. SQLite rewrites a whole row on every
         // update, overflow pages and all, and a job's row is updated with each batch of its changes: with the request
-        // in it, a job of 10,000 fetches (a request of 550 KB) wrote it again some 40 times, and one of 100,000
-        // (5.5 MB) some 400 times, which grows with the square of the job's size. Rows written before keep theirs in
-        // `jobs.request`, which reads fall back to (`Columns.request`); new rows leave it empty. The `notify` outbox
-        // row is made when the request is inserted.
+        // in it, a job of 10,000 fetches wrote its 550 KB again with each of a few dozen commits, a cost that grows
+        // with the square of the job's size. Rows written before keep theirs in `jobs.request`, which reads fall back
+        // to (`Columns.request`); new rows leave it empty. The `notify` outbox row is made when the request is
+        // inserted.
         """
         CREATE TABLE job_requests (
             job_id TEXT NOT NULL PRIMARY KEY,
             request TEXT NOT NULL
         );
-        CREATE TRIGGER webhook_outbox_on_request AFTER INSERT ON job_requests
+        \(outboxTrigger("webhook_outbox_on_request", on: "job_requests", jobID: "job_id"))
+        """,
+    ]
+
+    /// The trigger that adds the `waiting` outbox row of a job whose request, inserted into `table`, names a
+    /// `notify.url` (migrations 5 and 9).
+    private static func outboxTrigger(_ name: String, on table: String, jobID: String) -> String {
+        """
+        CREATE TRIGGER \(name) AFTER INSERT ON \(table)
         WHEN instr(NEW.request, '"notify"') > 0
             AND CASE WHEN json_valid(NEW.request) THEN json_type(NEW.request, '$.notify.url') = 'text' ELSE 0 END
         BEGIN
             INSERT OR REPLACE INTO webhook_outbox (job_id, url, state)
-            VALUES (NEW.job_id, json_extract(NEW.request, '$.notify.url'), 'waiting');
+            VALUES (NEW.\(jobID), json_extract(NEW.request, '$.notify.url'), 'waiting');
         END;
-        """,
-    ]
+        """
+    }
 
     /// The version a fully migrated database has.
     static var currentVersion: Int { migrations.count }
