@@ -419,9 +419,10 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
             throw StoreError(.open, "cannot switch the database to WAL mode")
         }
         mode.reset()
-        // 16 MiB of page cache for the writer (SQLite's default is 2 MiB): every update of a job row reads the
-        // overflow pages of its submitted body back to compare them, and with a body of 11 MB (100,000 fetches)
-        // the default cache sent each batch back to the file for them (40 ms a batch, 8.5 ms with this).
+        // 16 MiB of page cache for the writer (SQLite's default is 2 MiB): every update of a job row written before
+        // schema version 9 reads the overflow pages of its submitted request back to compare them, and with one of
+        // 11 MB (100,000 fetches) the default cache sent each batch back to the file for them (40 ms a batch, 8.5 ms
+        // with this).
         try connection.execute("""
             PRAGMA synchronous = NORMAL;
             PRAGMA journal_size_limit = 67108864;
