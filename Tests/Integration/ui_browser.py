@@ -82,6 +82,15 @@ def collect_console():
     console.extend(driver.get_log("browser"))
 
 
+def row_ids():
+    # Read in one script: the list is drawn again as it refreshes, and a row found before a drawing is stale after it.
+    return js("return Array.from(document.querySelectorAll('#jobs-table tr[data-job-id]'), r => r.dataset.jobId)")
+
+
+def follows(page, previous):
+    return len(page) == 50 and page[0] < previous[-1]
+
+
 def check(condition, message):
     if not condition:
         shot("failure")
@@ -99,11 +108,10 @@ try:
     check(len(driver.find_elements(By.CSS_SELECTOR, "#jobs-table tr[data-job-id]")) == 50, "the first page does not hold 50 jobs")
     wait(lambda d: "100001" in d.find_element(By.CSS_SELECTOR, '.count[data-state="succeeded"]').text, 5, "the count of 100,001 succeeded jobs")
     step("cursor paging: older, then newer again")
-    first_page = [r.get_attribute("data-job-id") for r in driver.find_elements(By.CSS_SELECTOR, "#jobs-table tr[data-job-id]")]
+    first_page = row_ids()
     driver.find_element(By.XPATH, "//button[contains(., 'older')]").click()
     wait(lambda d: "page 2" in d.find_element(By.CSS_SELECTOR, ".pager").text, 5, "page 2")
-    second_page = [r.get_attribute("data-job-id") for r in driver.find_elements(By.CSS_SELECTOR, "#jobs-table tr[data-job-id]")]
-    check(len(second_page) == 50 and second_page[0] < first_page[-1], "page 2 does not follow page 1")
+    wait(lambda d: follows(row_ids(), first_page), 5, "page 2's 50 rows, older than page 1's")
     driver.find_element(By.XPATH, "//button[contains(., 'newer')]").click()
     wait(lambda d: "page 1" in d.find_element(By.CSS_SELECTOR, ".pager").text, 5, "page 1 again")
     js("window.__sameDocument = true")
