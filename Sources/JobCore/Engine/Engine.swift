@@ -962,20 +962,16 @@ public final class Engine: @unchecked Sendable {
         for fetch in ended { fetch.takeIn() }
     }
 
-    /// Begins the queued fetches that have slots now, in the middle of a turn that queues many (a large list
-    /// starting): a fetch is begun only once its node's deferred is in place, which holds for the children a
-    /// list has started.
-    func pumpQueuedFetches() {
-        pumpFetches()
-    }
-
     func schedulePump() {
         guard !pumpScheduled else { return }
         pumpScheduled = true
         queue.async { self.pumpFetches() }
     }
 
-    private func pumpFetches() {
+    /// Begins the queued fetches that have slots now. Also called in the middle of a turn that queues many (a large
+    /// list starting): a fetch is begun only once its node's deferred is in place, which holds for every child the
+    /// list has started.
+    func pumpFetches() {
         pumpScheduled = false
         // Called again from inside its own loop, it leaves the freed slot to that loop's next turn: recursing would
         // go as deep as the fetches that join transfers in flight.

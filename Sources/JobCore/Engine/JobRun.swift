@@ -248,7 +248,7 @@ final class JobRun: @unchecked Sendable {
         started.reserveCapacity(children.count)
         for child in children {
             started.append(start(child))
-            if started.count % Self.childrenPerPump == 0 { engine.pumpQueuedFetches() }
+            if started.count % Self.childrenPerPump == 0 { engine.pumpFetches() }
         }
         return started
     }
