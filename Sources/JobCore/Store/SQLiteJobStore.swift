@@ -978,7 +978,6 @@ final class StoreWriter: @unchecked Sendable {
             answers.append { ticket.complete(.success(outcome)) }
         case .delete(let id, let ticket):
             let deleted = try deleteJob(id)
-            pending.forgetUnchanged(jobID: id)
             answers.append { ticket.complete(.success(deleted)) }
         case .sweep(let before, let limit, let ticket):
             let count = try sweep(before: before, limit: limit)
@@ -1090,23 +1089,18 @@ final class StoreWriter: @unchecked Sendable {
         try execute("UPDATE jobs SET version = version WHERE id = (SELECT max(id) FROM jobs)")
     }
 
+    /// Deletes the job's row and every row of it in the other tables, and forgets its rows not stored yet.
     private func deleteJob(_ id: String) throws -> Bool {
         let job = try db.prepare("DELETE FROM jobs WHERE id = ?1")
         job.bind(1, id)
         try job.run()
         let deleted = db.changes > 0
-        let request = try db.prepare("DELETE FROM job_requests WHERE job_id = ?1")
-        request.bind(1, id)
-        try request.run()
-        let nodes = try db.prepare("DELETE FROM nodes WHERE job_id = ?1")
-        nodes.bind(1, id)
-        try nodes.run()
-        let bodies = try db.prepare("DELETE FROM bodies WHERE job_id = ?1")
-        bodies.bind(1, id)
-        try bodies.run()
-        let items = try db.prepare("DELETE FROM map_items WHERE job_id = ?1")
-        items.bind(1, id)
-        try items.run()
+        for table in ["job_requests", "nodes", "bodies", "map_items"] {
+            let rows = try db.prepare("DELETE FROM \(table) WHERE job_id = ?1")
+            rows.bind(1, id)
+            try rows.run()
+        }
+        pending.forgetUnchanged(jobID: id)
         return deleted
     }
 
@@ -1203,25 +1197,22 @@ final class ReaderPool: @unchecked Sendable {
 
 /// Column lists shared by the statements and `Rows`, which reads them by index.
 enum Columns {
+    /// The first 17 columns of every job read, through `metadata`; then `result`, `request`, the schedule's and
+    /// `result_ref`.
+    private static let jobHead = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
+        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, "
     /// What `job` reads, in `jobs` (unaliased).
-    static let job = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
-        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, "
-        + request + ", " + Columns.schedule + ", result_ref"
+    static let job = jobHead + "result, " + request + ", " + Columns.schedule + ", result_ref"
     /// The columns of `jobs` that `job` reads, as an insert names them.
-    static let jobRow = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
-        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, request, "
-        + Columns.schedule + ", result_ref"
+    static let jobRow = jobHead + "result, request, " + Columns.schedule + ", result_ref"
     /// A job's submitted request: in `job_requests` (schema version 9), or in the `jobs` row written before it.
     static let request = "COALESCE((SELECT request FROM job_requests WHERE job_id = jobs.id), jobs.request)"
     /// Listings leave out the two columns that may be large.
-    static let listedJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
-        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, NULL, NULL, "
-        + Columns.schedule + ", NULL"
+    static let listedJob = jobHead + "NULL, NULL, " + Columns.schedule + ", NULL"
     /// What reads show: `request`, which may be large and is only needed to rebuild a job, is left out but for
     /// its `input` (SQLite picks it out, so the request is never parsed in Swift): the `request` of a job read so
     /// is `{"input": …}` when it was given one, else `null`.
-    static let shownJob = "id, name, state, created_at, started_at, finished_at, deadline_ms, version, "
-        + "p_total, p_pending, p_running, p_succeeded, p_failed, p_cancelled, p_skipped, error, metadata, result, "
+    static let shownJob = jobHead + "result, "
         + "COALESCE((SELECT \(input(of: "request")) FROM job_requests WHERE job_id = jobs.id), \(input(of: "jobs.request"))), "
         + Columns.schedule + ", result_ref"
     /// `{"input": …}` of the request in `column`, or `NULL` (a row written before version 9 has it in `jobs`, a row
