@@ -369,9 +369,13 @@ struct GraphValidator {
             }
             nodes.append(node)
             if !children.isEmpty {
-                // Room for these children's ids at once, rather than growing the table by doubling through them.
+                // Room for these children's ids and nodes at once, rather than growing the table and the array by
+                // doubling through them (a node is a large value: each doubling copied every node before it).
                 let expected = min(limits.maxNodes, nodes.count + children.count)
                 if idOwners.capacity < expected { idOwners.reserveCapacity(expected) }
+                // At least doubled, so that many small parents still grow it a logarithmic number of times.
+                if nodes.capacity < expected { nodes.reserveCapacity(max(expected, 2 * nodes.capacity)) }
+                nodes[index].children.reserveCapacity(children.count)
                 stack.append(
                     Cursor(
                         children: children, parent: index, childrenPosition: childrenPosition, depth: depth + 1,
