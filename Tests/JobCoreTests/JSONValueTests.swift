@@ -62,6 +62,21 @@ final class JSONValueTests: XCTestCase {
         XCTAssertEqual(JSONValue.string(neighbours).text, "\"" + neighbours + "\"")
     }
 
+    /// `bytes` writes into a buffer sized for the text without escapes and a margin: a text whose escapes outgrow it,
+    /// by one byte or by many, at any depth, is written again at the size the first pass counted, whole.
+    func testTextWhoseEscapesOutgrowTheFirstBufferIsWrittenWhole() throws {
+        for count in 0...120 {
+            for special in ["\"", "\u{01}"] {
+                let text = String(repeating: special, count: count)
+                let escaped = String(repeating: special == "\"" ? #"\""# : #"\u0001"#, count: count)
+                let value = JSONValue.array([.object(["k" + text: .string(text)]), .string("x")])
+                let expected = #"[{"k"# + escaped + #"":""# + escaped + #""},"x"]"#
+                XCTAssertEqual(value.text, expected, "\(count) of \(special.unicodeScalars.first?.value ?? 0)")
+                XCTAssertEqual(value.bytes.count, expected.utf8.count)
+            }
+        }
+    }
+
     func testUnescapedByteCountIsTheLengthWhenNothingIsEscapedAndALowerBoundOtherwise() throws {
         let plain = try JSONValue.parse(#"{"a":[1,true,false,null,"xyz",{"é":"😀"}],"bb":[],"c":{}}"#)
         XCTAssertEqual(plain.unescapedByteCount, plain.bytes.count)
