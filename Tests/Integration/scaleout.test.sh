@@ -22,10 +22,17 @@ CHAOS_SETTLE_S="${SCALEOUT_CHAOS_SETTLE_S:-120}"
 FETCHES="${SCALEOUT_FETCHES:-20}"
 TTL=2s
 
+# Ends the chaos after its round (at most ~28 s: a kill, a wait of 5 s, a restart of 20 s) and waits for it.
+stop_chaos() {
+  [ -n "${CHAOS_PID:-}" ] || return 0
+  touch "$TMP/chaos.stop"
+  wait "$CHAOS_PID" 2>/dev/null
+  CHAOS_PID=""
+}
 # The chaos loop ends, and a stopped server goes on, before the servers are stopped.
 pg_cleanup_first() {
   local pid
-  [ -n "${CHAOS_PID:-}" ] && kill "$CHAOS_PID" 2>/dev/null && wait "$CHAOS_PID" 2>/dev/null
+  stop_chaos
   for pid in "${NODE_PIDS[@]+"${NODE_PIDS[@]}"}"; do kill -CONT "$pid" 2>/dev/null; done
 }
 use_pg_cluster
@@ -234,17 +241,14 @@ done
 (
   set +e
   round=0
-  # SIGTERM ends the chaos between rounds, never between a restarted server's start and its pid file (which would
-  # leave it running unknown to the cleanup).
-  stopping=""
-  trap 'stopping=1' TERM
-  while [ -z "$stopping" ]; do
+  # A stop file ends the chaos between rounds, never between a restarted server's start and its pid file (which would
+  # leave it running unknown to the cleanup). Not a signal: bash 5.2 loses a trap that fires while it reads a command
+  # substitution ("trap: line 2: unexpected EOF while looking for matching `)'"), and the chaos then never ended.
+  # Bounded too: at most 400 rounds (about 17 min), and none once this script is gone.
+  while [ ! -e "$TMP/chaos.stop" ] && [ "$round" -lt 400 ] && kill -0 "$$" 2>/dev/null; do
     # The chaos's own pace, one kill every 2.5 s: not a wait for an event.
-    sleep 2.5 &
-    pacer=$!
-    wait "$pacer"
-    kill "$pacer" 2>/dev/null
-    [ -z "$stopping" ] || break
+    sleep 2.5
+    [ ! -e "$TMP/chaos.stop" ] || break
     n=$((round % 3))
     round=$((round + 1))
     victim="$(cat "$TMP/node-$n.pid")"
@@ -316,9 +320,7 @@ log "$accepted of $CHAOS_JOBS submissions answered 201 (${SECONDS}s)"
 # (for 30 s at most).
 kills_at_submit="$(grep -cE ' killed [0-9]+$' "$TMP/chaos.log" 2>/dev/null)" || kills_at_submit=0
 next_line "$TMP/chaos.log" 0 30 "$CHAOS_PID" ' killed [0-9]+$' $((kills_at_submit < 6 ? 6 : kills_at_submit + 1)) >/dev/null || true
-kill "$CHAOS_PID" 2>/dev/null || true
-wait "$CHAOS_PID" 2>/dev/null || true
-CHAOS_PID=""
+stop_chaos
 log "kills: $(grep -cE ' killed [0-9]+$' "$TMP/chaos.log") (${SECONDS}s)"
 for n in 0 1 2; do
   kill -0 "$(cat "$TMP/node-$n.pid")" 2>/dev/null || start_node "$n" "${PORTS[$n]}" --max-per-host 64 || fail "server $n did not start again"
