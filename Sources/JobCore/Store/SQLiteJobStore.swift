@@ -629,10 +629,7 @@ struct PendingChanges {
         }
         for node in changes.nodes {
             let key = NodeKey(jobID: node.jobID, position: node.position)
-            if !unchanged.isEmpty, unchanged[node.jobID]?.removeValue(forKey: node.position) != nil {
-                unstored.insert(key)
-                if unchanged[node.jobID]?.isEmpty == true { unchanged[node.jobID] = nil }
-            }
+            if !unchanged.isEmpty, takeUnchanged(jobID: node.jobID, position: node.position) { unstored.insert(key) }
             nodes[key] = node
         }
         for job in changes.jobs {
@@ -647,6 +644,16 @@ struct PendingChanges {
             }
         }
         for body in changes.bodies { bodies[BodyKey(jobID: body.jobID, nodeID: body.nodeID)] = body }
+    }
+
+    /// Takes the row of node `position` of job `jobID` out of `unchanged`, and the job with it once it has none
+    /// left; false if the row was not there. One lookup of the job: this runs for every node change the writer takes.
+    private mutating func takeUnchanged(jobID: String, position: Int) -> Bool {
+        guard let k = unchanged.index(forKey: jobID), unchanged.values[k].removeValue(forKey: position) != nil else {
+            return false
+        }
+        if unchanged.values[k].isEmpty { unchanged.remove(at: k) }
+        return true
     }
 
     /// Forgets the unchanged rows of a deleted job.
