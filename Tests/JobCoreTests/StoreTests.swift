@@ -665,3 +665,26 @@ class StoreFailureTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as
         XCTAssertEqual(try store.jobCounts()[.pending], 101)
     }
 }
+
+class SQLiteWALTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreTestCase's
+    /// State changes are committed without an fsync; once the writer has nothing to do it copies them into the
+    /// database file, so that the next submission's fsynced commit flushes only its own pages.
+    func testAnIdleWriterCopiesTheWALIntoTheDatabaseFile() throws {
+        let store = try openStore()
+        defer { store.close() }
+        let job = try create(store, 1, nodes: 400)
+        // 400 bodies of 4 KiB: about 1.6 MB, under the 1,000 pages at which SQLite's own checkpoint runs in a commit.
+        let bytes = Array(repeating: UInt8(ascii: "x"), count: 4096)
+        store.enqueue(jobs: [], nodes: [], bodies: (0..<400).map { (jobID: job.id, nodeID: "root.\($0)", body: StoredBody(contentType: nil, bytes: bytes)) })
+        try store.flush()
+        let before = try fileSize(dbPath)
+        XCTAssertLessThan(before, 400 * 4096, "the bodies are still in the WAL only")
+        XCTAssertTrue(store.waitUntilWALCopied(milliseconds: 30_000), "the writer did not copy the WAL once idle")
+        XCTAssertGreaterThan(try fileSize(dbPath), before + 400 * 4096)
+        XCTAssertEqual(try store.body(jobID: job.id, nodeID: "root.399")?.bytes, bytes)
+    }
+
+    private func fileSize(_ path: String) throws -> Int {
+        (try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) ?? 0
+    }
+}
