@@ -151,4 +151,24 @@ final class FetchQueueTests: XCTestCase {
         queue.removeJob("b")
         XCTAssertEqual(queue.waiting, 0)
     }
+    /// The host key of a URL, and when a URL is known to have a key already at hand (`url(_:hasHostKey:)`, which a
+    /// run uses to skip working the key out again): only when it is the key followed by the end of the authority.
+    func testAURLHasTheLastHostKeyOnlyWhenItBeginsWithItWholeAndLowercase() {
+        let rows: [(url: String, key: String, hostKey: String, has: Bool)] = [
+            ("http://a.local:80/x", "http://a.local:80", "http://a.local:80", true),
+            ("http://a.local:80", "http://a.local:80", "http://a.local:80", true),
+            ("http://a.local?q=1", "http://a.local", "http://a.local", true),
+            ("http://a.local#f", "http://a.local", "http://a.local", true),
+            ("http://a.local:8080/x", "http://a.local:80", "http://a.local:8080", false),
+            ("http://a.local.evil/x", "http://a.local", "http://a.local.evil", false),
+            ("HTTP://A.local/x", "http://a.local", "http://a.local", false),
+            ("http://user@a.local/x", "http://a.local", "http://a.local", false),
+            ("https://a.local/x", "http://a.local", "https://a.local", false),
+            ("http://a.local/x", "", "http://a.local", false),
+        ]
+        for row in rows {
+            XCTAssertEqual(FetchQueue.hostKey(of: row.url), row.hostKey, row.url)
+            XCTAssertEqual(FetchQueue.url(row.url, hasHostKey: row.key), row.has, "\(row.url) with \(row.key)")
+        }
+    }
 }

@@ -57,12 +57,14 @@ struct FetchQueue {
         var heldInFetcher = false
 
         mutating func append(_ ticket: Ticket) {
-            if let lane = lanes[ticket.jobID] {
-                if lane.isEmpty { emptyLanes -= 1 }
+            // One lookup of the job's lane: queueing a list's fetches is a run of these.
+            if let k = lanes.index(forKey: ticket.jobID) {
+                if lanes.values[k].isEmpty { emptyLanes -= 1 }
+                lanes.values[k].tickets.append(ticket)
             } else {
                 ring.append(ticket.jobID)
+                lanes[ticket.jobID] = Lane(tickets: [ticket])
             }
-            lanes[ticket.jobID, default: Lane()].tickets.append(ticket)
             waiting += 1
         }
 
@@ -239,6 +241,19 @@ struct FetchQueue {
         for host in hostRing {
             waiting -= hosts[host]?.remove(job: jobID) ?? 0
         }
+    }
+
+    /// Whether `hostKey(of: url)` is `key` without working it out: true when `url` is `key` followed by the end of
+    /// the authority (`/`, `?`, `#` or nothing). A key is lowercase and has no userinfo, so such a URL's scheme and
+    /// authority are the key's own.
+    static func url(_ url: String, hasHostKey key: String) -> Bool {
+        guard !key.isEmpty else { return false }
+        let bytes = url.utf8
+        guard bytes.starts(with: key.utf8) else { return false }
+        let end = bytes.index(bytes.startIndex, offsetBy: key.utf8.count)
+        guard end < bytes.endIndex else { return true }
+        let next = bytes[end]
+        return next == UInt8(ascii: "/") || next == UInt8(ascii: "?") || next == UInt8(ascii: "#")
     }
 
     /// `scheme://host:port` of a URL, lowercased: the unit of the per-host limit.

@@ -46,9 +46,9 @@ extension JobRun {
                 case .revalidate(let conditional):
                     engine.cacheOriginals[run.cacheKey(i)] = request
                     run.resolvedRequests[i] = conditional
-                    engine.enqueueFetch(run: run, node: i, host: FetchQueue.hostKey(of: request.url))
+                    engine.enqueueFetch(run: run, node: i, host: run.hostKey(of: request.url))
                 case .absent:
-                    engine.enqueueFetch(run: run, node: i, host: FetchQueue.hostKey(of: request.url))
+                    engine.enqueueFetch(run: run, node: i, host: run.hostKey(of: request.url))
                 }
             }
         }

@@ -38,6 +38,8 @@ final class JobRun: @unchecked Sendable {
     var resolvedRequests: [Int: FetchRequest] = [:]
     /// The job's response byte budget (`--max-job-bytes`), made when first asked for; `nil`: none.
     lazy var byteBudget: ByteBudget? = makeByteBudget()
+    /// The last fetch's host key (`hostKey(of:)`).
+    private var lastHostKey = ""
 
     init(engine: Engine, graph: JobGraph, record: JobRecord, nodes: [NodeRecord]) {
         self.engine = engine
@@ -157,8 +159,15 @@ final class JobRun: @unchecked Sendable {
             lookUpCache(i, request, cache)
             return d
         }
-        engine.enqueueFetch(run: self, node: i, host: FetchQueue.hostKey(of: request.url))
+        engine.enqueueFetch(run: self, node: i, host: hostKey(of: request.url))
         return d
+    }
+
+    /// `FetchQueue.hostKey(of: url)`, the last one again when `url` begins with it: a list's fetches mostly go to
+    /// one host, and working out the key was a third of queueing each (3 ms of starting a list of 10,000).
+    func hostKey(of url: String) -> String {
+        if !FetchQueue.url(url, hasHostKey: lastHostKey) { lastHostKey = FetchQueue.hostKey(of: url) }
+        return lastHostKey
     }
 
     /// Called by the engine when the fetch queue gives node `i` a transfer slot; false if it is no longer wanted.
