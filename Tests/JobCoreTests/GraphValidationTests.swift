@@ -270,3 +270,42 @@ final class GraphValidationTests: XCTestCase {
                 + #""message":"scheme must be http or https"},{"path":"/name","message":"must be a string"}]}}"#)
     }
 }
+
+/// A fetch's URL as the validator checks it: each row one URL and the problem found, or `nil`.
+final class URLCheckTests: XCTestCase {
+    func testEachProblemOfAURLIsFoundAndAGoodURLHasNone() {
+        let absolute = "must be an absolute http or https URL (http://host/path)"
+        let port = "has an invalid port (1 to 65535)"
+        let rows: [(url: String, problem: String?)] = [
+            ("http://a/", nil),
+            ("HTTPS://Example.com:8443/a?b=c#d", nil),
+            ("hTtP://a", nil),
+            ("http://[::1]:8080/", nil),
+            ("http://user:pw@host:1/", nil),
+            ("http://a:65535/", nil),
+            ("http://a:65536/", port),
+            ("http://a:0/", port),
+            ("http://a:/", port),
+            ("http://a:123456/", port),
+            ("http://a:8x/", port),
+            ("ftp://a/b", "scheme must be http or https"),
+            ("httpx://a", "scheme must be http or https"),
+            ("http:/a", absolute),
+            ("1http://a", absolute),
+            ("://a", absolute),
+            ("http://", "must have a host"),
+            ("http://:80/", "must have a host"),
+            ("http://a b/", "must not contain white space or control characters"),
+            ("http://a\u{7F}/", "must not contain white space or control characters"),
+            ("http://é/", "must be ASCII; percent-encode other characters"),
+            ("http://a^b/", "has an invalid host"),
+            ("http://[::1/", "has an invalid host"),
+            ("http://[::1]x/", "has an invalid host"),
+            ("http://[]/", "has an invalid host"),
+            ("http://abcdefghijklmnopqrstuvwxyz0123456789", "must be at most 40 bytes"),
+        ]
+        for row in rows {
+            XCTAssertEqual(URLCheck.problem(row.url, maxBytes: 40), row.problem, row.url)
+        }
+    }
+}
