@@ -151,6 +151,7 @@ final class FetchQueueTests: XCTestCase {
         queue.removeJob("b")
         XCTAssertEqual(queue.waiting, 0)
     }
+
     /// The host key of a URL, and when a URL is known to have a key already at hand (`url(_:hasHostKey:)`, which a
     /// run uses to skip working the key out again): only when it is the key followed by the end of the authority.
     func testAURLHasTheLastHostKeyOnlyWhenItBeginsWithItWholeAndLowercase() {
