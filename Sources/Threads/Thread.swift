@@ -95,3 +95,78 @@ public func lowerCurrentThreadPriority(to nice: Int32) {
     }
     #endif
 }
+
+// MARK: - Idle priority
+
+/// A thread's id as the kernel knows it (Linux `gettid`), for setting another thread's priority; 0 elsewhere.
+/// Glibc declares `gettid` only under `_GNU_SOURCE`, so it is looked up once at run time, like `pthread_setname_np`.
+public func currentThreadID() -> Int32 {
+    #if os(Linux)
+    return getThreadID?() ?? 0
+    #else
+    return 0
+    #endif
+}
+
+#if os(Linux)
+private let getThreadID: (@convention(c) () -> Int32)? = {
+    guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "gettid") else { return nil }
+    return unsafeBitCast(symbol, to: (@convention(c) () -> Int32).self)
+}()
+
+/// Linux's `SCHED_IDLE` (`<linux/sched.h>`), which glibc declares only under `_GNU_SOURCE`.
+private let schedIdle: Int32 = 5
+#endif
+
+/// Idle priority: Linux's `SCHED_IDLE` class, in which a thread runs on CPU time no other thread of the machine
+/// wants (a weight of 3 against nice 0's 1,024), for work that nobody waits on while it is done.
+///
+/// Putting a thread there is always allowed; taking it back to the normal class at its nice value needs
+/// `CAP_SYS_NICE` or an `RLIMIT_NICE` that allows that nice value (`ulimit -e`, `docker run --ulimit nice=N`):
+/// `IdlePriority.isReversible(atNice:)` says whether it does here, so that no thread is put there for good.
+public enum IdlePriority {
+    /// Puts thread `tid` (`currentThreadID()`) in the idle class (`idle`) or back in the normal one, keeping its
+    /// nice value; false if the kernel refused or there is no such class here.
+    @discardableResult
+    public static func set(_ idle: Bool, thread tid: Int32) -> Bool {
+        #if os(Linux)
+        guard tid > 0 else { return false }
+        var parameters = sched_param(sched_priority: 0)
+        return sched_setscheduler(tid, idle ? schedIdle : SCHED_OTHER, &parameters) == 0
+        #else
+        return false
+        #endif
+    }
+
+    /// Whether thread `tid` is in the idle class now.
+    public static func isIdle(thread tid: Int32) -> Bool {
+        #if os(Linux)
+        return tid > 0 && sched_getscheduler(tid) == schedIdle
+        #else
+        return false
+        #endif
+    }
+
+    /// Whether a thread at nice value `nice` may be put in the idle class and taken back out, tried on a thread
+    /// started for it (a thread that could not come back would stay there).
+    public static func isReversible(atNice nice: Int32) -> Bool {
+        #if os(Linux)
+        let works = Locked(false)
+        do {
+            let thread = try startThread(name: "idle-probe", stackSize: 256 << 10) {
+                lowerCurrentThreadPriority(to: nice)
+                let tid = currentThreadID()
+                guard currentThreadNice() == nice, set(true, thread: tid) else { return }
+                let back = set(false, thread: tid)
+                works.withLock { $0 = back }
+            }
+            pthread_join(thread, nil)
+        } catch {
+            return false
+        }
+        return works.withLock { $0 }
+        #else
+        return false
+        #endif
+    }
+}

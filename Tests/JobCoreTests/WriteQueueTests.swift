@@ -1,4 +1,5 @@
 import Foundation
+import Threads
 import XCTest
 @testable import JobCore
 
@@ -84,6 +85,40 @@ final class WriteQueueTests: XCTestCase {
         XCTAssertEqual(positions(queue.take(gatheringChangesUntilMs: anHourFromNow)), [1])
         XCTAssertFalse(queue.push(Self.changes(2)), "closed")
         XCTAssertNil(queue.take(gatheringChangesUntilMs: anHourFromNow), "closed and drained")
+    }
+
+    /// The test's thread plays the writer: `writerStarted` and `take` run on it, and the pushes on the test's thread
+    /// too (a push raises the writer from any thread), so every row is a fact when the next line looks.
+    func testTheWriterWritesStateChangesAloneAtIdlePriorityAndIsRaisedWhenSomebodyWaitsOrAChangeWaitedLong() throws {
+        try XCTSkipUnless(
+            IdlePriority.isReversible(atNice: currentThreadNice()),
+            "this user may not take a thread back from idle priority (needs CAP_SYS_NICE or ulimit -e)")
+        let me = currentThreadID()
+        defer { IdlePriority.set(false, thread: me) }
+        let job = JobRecord(id: "j", createdAt: 0, request: .null)
+        let create: () -> WriteOp = { .create(CreateRequest(job: job, nodes: []), WriteTicket<CreateOutcome>()) }
+        let rows: [(what: String, lagMs: Int64, push: () -> WriteOp, idleAfterPush: Bool, idleAfterTake: Bool)] = [
+            ("a state change, long before the lag is up", 3_600_000, { Self.changes(2) }, true, true),
+            ("a creation", 3_600_000, create, false, false),
+            ("a flush", 3_600_000, { .committed(WriteTicket<Void>()) }, false, false),
+            ("a state change once the lag is up", 0, { Self.changes(2) }, false, true),
+        ]
+        for row in rows {
+            let queue = WriteQueue(maxIdleLagMs: row.lagMs)
+            queue.writerStarted(logger: Logger(label: "test", minimumLevel: .error))
+            XCTAssertFalse(IdlePriority.isIdle(thread: me), "\(row.what): not idle before any batch")
+            XCTAssertTrue(queue.push(Self.changes(1)))
+            XCTAssertEqual(positions(queue.take(gatheringChangesUntilMs: 0)), [1])
+            XCTAssertTrue(IdlePriority.isIdle(thread: me), "\(row.what): idle for state changes alone")
+            XCTAssertTrue(queue.writerAtIdlePriority)
+            XCTAssertTrue(queue.push(row.push()))
+            XCTAssertEqual(IdlePriority.isIdle(thread: me), row.idleAfterPush, "\(row.what): after the push")
+            XCTAssertEqual(queue.take(gatheringChangesUntilMs: 0)?.count, 1)
+            XCTAssertEqual(IdlePriority.isIdle(thread: me), row.idleAfterTake, "\(row.what): writing it")
+            queue.close()
+            XCTAssertFalse(IdlePriority.isIdle(thread: me), "\(row.what): closing is waited on")
+            XCTAssertNil(queue.take(gatheringChangesUntilMs: 0))
+        }
     }
 }
 

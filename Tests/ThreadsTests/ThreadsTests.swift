@@ -38,6 +38,29 @@ final class ThreadsTests: XCTestCase {
         XCTAssertEqual(currentThreadNice(), starter)
     }
 
+    func testAThreadPutAtIdlePriorityIsThereAndComesBackWithItsNiceValue() throws {
+        try XCTSkipUnless(
+            IdlePriority.isReversible(atNice: currentThreadNice()),
+            "this user may not take a thread back from idle priority (needs CAP_SYS_NICE or ulimit -e)")
+        let seen = Locked<[String]>([])
+        let thread = try startThread(name: "idle-test", niceIncrement: 3) {
+            let tid = currentThreadID()
+            let nice = currentThreadNice()
+            var steps: [String] = []
+            steps.append("idle \(IdlePriority.isIdle(thread: tid))")
+            steps.append("set idle \(IdlePriority.set(true, thread: tid)), idle \(IdlePriority.isIdle(thread: tid))")
+            steps.append("set back \(IdlePriority.set(false, thread: tid)), idle \(IdlePriority.isIdle(thread: tid))")
+            steps.append("same nice \(currentThreadNice() == nice)")
+            seen.withLock { $0 = steps }
+        }
+        XCTAssertEqual(pthread_join(thread, nil), 0)
+        XCTAssertEqual(
+            seen.withLock { $0 },
+            ["idle false", "set idle true, idle true", "set back true, idle false", "same nice true"])
+        XCTAssertFalse(IdlePriority.isIdle(thread: currentThreadID()), "only that thread moved")
+        XCTAssertFalse(IdlePriority.set(true, thread: 0), "no thread 0")
+    }
+
     func testAStackSizeTheSystemRefusesIsAnErrorNotACrash() {
         XCTAssertThrowsError(try startThread(name: "too-small", stackSize: 1) {}) { error in
             XCTAssertEqual((error as? ThreadStartError)?.call, "pthread_attr_setstacksize")

@@ -511,12 +511,28 @@ enum WriteOp {
 
 /// The writer's inbox. Only the writer thread waits on it.
 final class WriteQueue: @unchecked Sendable {
-    // @unchecked: `ops` and `closed` are read and written only with `monitor` held.
+    // @unchecked: every `var` is read and written only with `monitor` held.
     private let monitor = StoreMonitor()
     private var ops: [WriteOp] = []
     private var closed = false
     /// Whether an op queued since the last `take` is one somebody waits on (anything but state changes).
     private var awaited = false
+    /// The writer's thread (`currentThreadID()`), once it has said it may go to idle priority and back
+    /// (`writerStarted`). It then writes state changes alone at idle priority (`IdlePriority`): nobody waits for
+    /// them, so they take only CPU time the fetcher, the engine and the event loops leave. It is raised back to its
+    /// own priority as soon as an op somebody waits on is queued (a submission's commit, a flush, a delete), or a
+    /// state change has waited `maxIdleLagMs`, which bounds how far the disk may lag and what the queue holds.
+    private var idleWriter: Int32?
+    /// Whether the writer is at idle priority now.
+    private var writerIsIdle = false
+    /// When the first op since the last `take` was queued (monotonic ms); only kept with an `idleWriter`.
+    private var queuedSinceMs: Int64 = 0
+    /// How long a state change may wait while the writer is at idle priority.
+    let maxIdleLagMs: Int64
+
+    init(maxIdleLagMs: Int64 = 1000) {
+        self.maxIdleLagMs = maxIdleLagMs
+    }
 
     /// Queues state changes; once the queue is closed they are dropped, with a warning.
     func push(_ changes: Changes, logger: Logger) {
@@ -546,12 +562,45 @@ final class WriteQueue: @unchecked Sendable {
         if closed { return false }
         ops.append(op)
         var wakes = ops.count == 1
-        if case .changes = op {} else if !awaited {
-            awaited = true
-            wakes = true
+        var waitedOn = false
+        if case .changes = op {} else {
+            waitedOn = true
+            if !awaited {
+                awaited = true
+                wakes = true
+            }
+        }
+        if idleWriter != nil {
+            if ops.count == 1 { queuedSinceMs = Timestamp.monotonicMs() }
+            if writerIsIdle, waitedOn || Timestamp.monotonicMs() - queuedSinceMs >= maxIdleLagMs {
+                setWriterPriority(idle: false)
+            }
         }
         if wakes { monitor.signal() }
         return true
+    }
+
+    /// Called on the writer's thread before its first `take`: if the thread may go to idle priority and back
+    /// (`IdlePriority.isReversible`: privileges or `RLIMIT_NICE` allow it), state changes alone are written there
+    /// from now on, and it is logged; otherwise the writer keeps its priority, and the log says what would allow it.
+    func writerStarted(logger: Logger) {
+        let tid = currentThreadID()
+        let nice = currentThreadNice()
+        guard IdlePriority.isReversible(atNice: nice) else {
+            logger.info("store writer stays at its priority: idle priority needs CAP_SYS_NICE or ulimit -e \(20 - nice)")
+            return
+        }
+        monitor.withLock { idleWriter = tid }
+        logger.info("store writer writes state changes alone at idle priority")
+    }
+
+    /// Whether the writer is at idle priority now (tests).
+    var writerAtIdlePriority: Bool { monitor.withLock { writerIsIdle } }
+
+    /// Moves the writer to idle priority or back; with `monitor` held. A refusal leaves it where it was.
+    private func setWriterPriority(idle: Bool) {
+        guard let tid = idleWriter, idle != writerIsIdle, IdlePriority.set(idle, thread: tid) else { return }
+        writerIsIdle = idle
     }
 
     /// Everything queued, waiting for at least one op; a batch of state changes alone is then held until
@@ -564,7 +613,11 @@ final class WriteQueue: @unchecked Sendable {
             let idleUntil = Timestamp.monotonicMs() + idleMs
             while ops.isEmpty && !closed {
                 let left = idleUntil - Timestamp.monotonicMs()
-                if left <= 0 { return [] }
+                if left <= 0 {
+                    // What an idle writer does (a checkpoint) nobody waits for either.
+                    setWriterPriority(idle: true)
+                    return []
+                }
                 monitor.wait(milliseconds: left)
             }
         } else {
@@ -593,6 +646,8 @@ final class WriteQueue: @unchecked Sendable {
 
     /// The queued ops, taken; `nil` once closed and drained. With `monitor` held.
     private func handOver() -> [WriteOp]? {
+        // Closing is waited on (the store's owner joins the writer), and so is a batch with an awaited op.
+        setWriterPriority(idle: !closed && !awaited)
         if ops.isEmpty { return closed ? nil : [] }
         let batch = ops
         ops = []
@@ -605,6 +660,7 @@ final class WriteQueue: @unchecked Sendable {
     func close() {
         monitor.lock()
         closed = true
+        setWriterPriority(idle: false)
         monitor.signal()
         monitor.unlock()
     }
@@ -787,6 +843,7 @@ final class StoreWriter: @unchecked Sendable {
 
     /// Writes batches until the queue is closed and drained, then closes the connection.
     func run(_ queue: WriteQueue) {
+        queue.writerStarted(logger: logger)
         while true {
             let next: [WriteOp]?
             if failure == nil {

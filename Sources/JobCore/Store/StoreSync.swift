@@ -63,6 +63,7 @@ final class StoreThread: @unchecked Sendable {
     /// Submissions, which wait for their commit, slow down with it, and the work already accepted is finished
     /// before more is taken.
     /// With a core to spare it changes nothing. See docs/architecture.md for what it was measured to gain.
+    /// Batches of state changes alone, which nobody waits on, go lower still: idle priority (`WriteQueue`).
     static let writerNiceIncrement: Int32 = 10
 
     /// Starts `body` on a new thread named `name`, `niceIncrement` nice steps below the calling thread.

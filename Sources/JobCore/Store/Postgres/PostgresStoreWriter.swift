@@ -29,6 +29,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
     }
 
     func run(_ queue: WriteQueue) {
+        queue.writerStarted(logger: logger)
         while true {
             let wait = failure == nil ? nil : max(0, retryAtMs - Timestamp.monotonicMs())
             guard let batch = queue.take(waitingAtMostMs: wait) else { break }
