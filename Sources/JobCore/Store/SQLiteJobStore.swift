@@ -527,12 +527,12 @@ final class WriteQueue: @unchecked Sendable {
     private var writerIsIdle = false
     /// When the first op since the last `take` was queued (monotonic ms); only kept with an `idleWriter`.
     private var queuedSinceMs: Int64 = 0
-    /// How long a state change may wait while the writer is at idle priority.
-    let maxIdleLagMs: Int64
-
-    init(maxIdleLagMs: Int64 = 1000) {
-        self.maxIdleLagMs = maxIdleLagMs
+    /// How long a state change may wait while the writer is at idle priority (set by tests).
+    var maxIdleLagMs: Int64 {
+        get { monitor.withLock { lagMs } }
+        set { monitor.withLock { lagMs = newValue } }
     }
+    private var lagMs: Int64 = 1000
 
     /// Queues state changes; once the queue is closed they are dropped, with a warning.
     func push(_ changes: Changes, logger: Logger) {
@@ -572,7 +572,7 @@ final class WriteQueue: @unchecked Sendable {
         }
         if idleWriter != nil {
             if ops.count == 1 { queuedSinceMs = Timestamp.monotonicMs() }
-            if writerIsIdle, waitedOn || Timestamp.monotonicMs() - queuedSinceMs >= maxIdleLagMs {
+            if writerIsIdle, waitedOn || Timestamp.monotonicMs() - queuedSinceMs >= lagMs {
                 setWriterPriority(idle: false)
             }
         }
@@ -646,8 +646,10 @@ final class WriteQueue: @unchecked Sendable {
 
     /// The queued ops, taken; `nil` once closed and drained. With `monitor` held.
     private func handOver() -> [WriteOp]? {
-        // Closing is waited on (the store's owner joins the writer), and so is a batch with an awaited op.
-        setWriterPriority(idle: !closed && !awaited)
+        // Closing is waited on (the store's owner joins the writer), and so is a batch with an awaited op; one whose
+        // first op has waited `maxIdleLagMs` is written at the writer's own priority too.
+        let overdue = idleWriter != nil && !ops.isEmpty && Timestamp.monotonicMs() - queuedSinceMs >= lagMs
+        setWriterPriority(idle: !closed && !awaited && !overdue)
         if ops.isEmpty { return closed ? nil : [] }
         let batch = ops
         ops = []
