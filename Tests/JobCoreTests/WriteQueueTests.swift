@@ -89,18 +89,22 @@ final class WriteQueueTests: XCTestCase {
 
     /// The test's thread plays the writer: `writerStarted` and `take` run on it, and the pushes on the test's thread
     /// too (a push raises the writer from any thread), so every row is a fact when the next line looks.
-    func testTheWriterWritesStateChangesAloneAtIdlePriorityAndIsRaisedWhenSomebodyWaitsOrAChangeWaitedLong() throws {
+    func testTheWriterWritesStateChangesAloneAtIdlePriorityAndIsRaisedWhenSomebodyWaitsForUrgentChangesOrAChangeWaitedLong() throws {
         try XCTSkipUnless(
             IdlePriority.isReversible(atNice: currentThreadNice()),
             "this user may not take a thread back from idle priority (needs CAP_SYS_NICE or ulimit -e)")
         let me = currentThreadID()
         defer { IdlePriority.set(false, thread: me) }
         let job = JobRecord(id: "j", createdAt: 0, request: .null)
+        var settled = job
+        settled.state = .succeeded
         let create: () -> WriteOp = { .create(CreateRequest(job: job, nodes: []), WriteTicket<CreateOutcome>()) }
         let rows: [(what: String, lagMs: Int64, push: () -> WriteOp, idleAfterPush: Bool, idleAfterTake: Bool)] = [
             ("a state change, long before the lag is up", 3_600_000, { Self.changes(2) }, true, true),
             ("a creation", 3_600_000, create, false, false),
             ("a flush", 3_600_000, { .committed(WriteTicket<Void>()) }, false, false),
+            ("a job that settles", 3_600_000, { .changes(Changes(jobs: [settled], nodes: [], bodies: [])) }, false, false),
+            ("urgent changes", 3_600_000, { .changes(Changes(jobs: [], nodes: [], bodies: [], urgent: true)) }, false, false),
             ("a state change once the lag is up", 0, { Self.changes(2) }, false, false),
         ]
         for row in rows {

@@ -1067,16 +1067,24 @@ public final class Engine: @unchecked Sendable {
         var bodies: [(jobID: String, nodeID: String, body: StoredBody)] = []
         let batch = dirtyRuns.values
         dirtyRuns.removeAll()
+        // Urgent (the store writes it at once, not on idle CPU time): a fetch ended that a crash would make again
+        // though it may not be repeated. A job that settles is urgent by itself.
+        var urgent = false
         for run in batch {
             eventHub.record(run, dirty: run.dirtyNodes)
             if run.dirtyJob { jobs.append(run.record) }
-            for i in run.dirtyNodes.sorted() { nodes.append(run.nodes[i]) }
+            for i in run.dirtyNodes.sorted() {
+                nodes.append(run.nodes[i])
+                if !urgent, run.nodes[i].state.isSettled, case .fetch(let request) = run.graph.nodes[i].kind, !request.idempotent {
+                    urgent = true
+                }
+            }
             bodies.append(contentsOf: run.pendingBodies)
             run.dirtyJob = false
             run.dirtyNodes.removeAll(keepingCapacity: true)
             run.pendingBodies.removeAll()
         }
-        store.enqueue(jobs: jobs, nodes: nodes, bodies: bodies)
+        store.enqueue(jobs: jobs, nodes: nodes, bodies: bodies, urgent: urgent)
         for run in batch {
             notifyWaiters(run)
             if run.record.state.isSettled && run.unsettledNodes == 0 { retire(run) }

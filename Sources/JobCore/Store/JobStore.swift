@@ -125,6 +125,11 @@ public struct UnreadableJob: Sendable {
 }
 
 extension JobStore {
+    /// Queues state changes that are not urgent (see the requirement).
+    public func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)]) {
+        enqueue(jobs: jobs, nodes: nodes, bodies: bodies, urgent: false)
+    }
+
     /// Inserts a job and all its nodes in one transaction, durable when this returns.
     public func createJob(
         _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?
@@ -191,7 +196,12 @@ public protocol JobStore: AnyObject, Sendable {
     ///
     /// A job's `request` is never rewritten (it cannot change after creation), and
     /// changes to jobs or nodes that do not exist (e.g. deleted meanwhile) are ignored.
-    func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)])
+    ///
+    /// Changes nobody waits on may wait for CPU time nothing else wants (`WriteQueue`); `urgent` ones, and any that
+    /// settle a job (webhooks, a concurrency key's next job and the job's leaving memory wait for that commit), are
+    /// written as soon as the writer can.
+    func enqueue(
+        jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)], urgent: Bool)
 
     /// Queues rows for nodes that are not stored yet, to be inserted with the next commit (a change queued after
     /// them changes the row to insert): the nodes of a job whose creation was answered before they were stored, and

@@ -122,8 +122,10 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     /// Queues the changes for the writer's next batch; only the last record of a job or node in a batch is written,
     /// and changes the disk refuses are kept and retried until they commit.
-    public func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)]) {
-        queue.push(Changes(jobs: jobs, nodes: nodes, bodies: bodies), logger: logger)
+    public func enqueue(
+        jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)], urgent: Bool
+    ) {
+        queue.push(Changes(jobs: jobs, nodes: nodes, bodies: bodies, urgent: urgent), logger: logger)
     }
 
     /// Calls `completion` on the writer thread once everything queued before this call is committed
@@ -477,15 +479,19 @@ struct Changes {
     var bodies: [BodyChange]
     /// Node rows not stored yet, inserted rather than updated (`JobStore.enqueue(unstoredNodes:)`).
     var unstoredNodes: [NodeRecord] = []
+    /// To be written as soon as the writer can, not on idle CPU time (`JobStore.enqueue(jobs:nodes:bodies:urgent:)`):
+    /// said so, or a job settles.
+    let urgent: Bool
 
     init(
         jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)],
-        unstoredNodes: [NodeRecord] = []
+        unstoredNodes: [NodeRecord] = [], urgent: Bool = false
     ) {
         self.jobs = jobs
         self.nodes = nodes
         self.bodies = bodies.map { BodyChange(jobID: $0.jobID, nodeID: $0.nodeID, body: $0.body) }
         self.unstoredNodes = unstoredNodes
+        self.urgent = urgent || jobs.contains { $0.state.isSettled }
     }
 
     var isEmpty: Bool { jobs.isEmpty && nodes.isEmpty && bodies.isEmpty && unstoredNodes.isEmpty }
@@ -517,11 +523,15 @@ final class WriteQueue: @unchecked Sendable {
     private var closed = false
     /// Whether an op queued since the last `take` is one somebody waits on (anything but state changes).
     private var awaited = false
+    /// Whether state changes queued since the last `take` are urgent (`Changes.urgent`).
+    private var urgent = false
     /// The writer's thread (`currentThreadID()`), once it has said it may go to idle priority and back
     /// (`writerStarted`). It then writes state changes alone at idle priority (`IdlePriority`): nobody waits for
     /// them, so they take only CPU time the fetcher, the engine and the event loops leave. It is raised back to its
-    /// own priority as soon as an op somebody waits on is queued (a submission's commit, a flush, a delete), or a
-    /// state change has waited `maxIdleLagMs`, which bounds how far the disk may lag and what the queue holds.
+    /// own priority as soon as an op somebody waits on is queued (a submission's commit, a flush, a delete), urgent
+    /// changes (a job settles, a fetch that may not be repeated ends), or a state change has waited
+    /// `maxIdleLagMs`. That bounds what the queue holds, and what a crash makes the server do again: idempotent
+    /// fetches that ended in those last seconds.
     private var idleWriter: Int32?
     /// Whether the writer is at idle priority now.
     private var writerIsIdle = false
@@ -532,7 +542,7 @@ final class WriteQueue: @unchecked Sendable {
         get { monitor.withLock { lagMs } }
         set { monitor.withLock { lagMs = newValue } }
     }
-    private var lagMs: Int64 = 1000
+    private var lagMs: Int64 = 10_000
 
     /// Queues state changes; once the queue is closed they are dropped, with a warning.
     func push(_ changes: Changes, logger: Logger) {
@@ -562,17 +572,17 @@ final class WriteQueue: @unchecked Sendable {
         if closed { return false }
         ops.append(op)
         var wakes = ops.count == 1
-        var waitedOn = false
-        if case .changes = op {} else {
-            waitedOn = true
-            if !awaited {
-                awaited = true
-                wakes = true
-            }
+        var waitedOn = true
+        if case .changes(let changes) = op {
+            waitedOn = false
+            urgent = urgent || changes.urgent
+        } else if !awaited {
+            awaited = true
+            wakes = true
         }
         if idleWriter != nil {
             if ops.count == 1 { queuedSinceMs = Timestamp.monotonicMs() }
-            if writerIsIdle, waitedOn || Timestamp.monotonicMs() - queuedSinceMs >= lagMs {
+            if writerIsIdle, waitedOn || urgent || Timestamp.monotonicMs() - queuedSinceMs >= lagMs {
                 setWriterPriority(idle: false)
             }
         }
@@ -649,7 +659,8 @@ final class WriteQueue: @unchecked Sendable {
         // Closing is waited on (the store's owner joins the writer), and so is a batch with an awaited op; one whose
         // first op has waited `maxIdleLagMs` is written at the writer's own priority too.
         let overdue = idleWriter != nil && !ops.isEmpty && Timestamp.monotonicMs() - queuedSinceMs >= lagMs
-        setWriterPriority(idle: !closed && !awaited && !overdue)
+        setWriterPriority(idle: !closed && !awaited && !urgent && !overdue)
+        urgent = false
         if ops.isEmpty { return closed ? nil : [] }
         let batch = ops
         ops = []

@@ -143,8 +143,10 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         queue.push(answering: completion) { .create(request, $0) }
     }
 
-    public func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)]) {
-        queue.push(Changes(jobs: jobs, nodes: nodes, bodies: bodies), logger: logger)
+    public func enqueue(
+        jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)], urgent: Bool
+    ) {
+        queue.push(Changes(jobs: jobs, nodes: nodes, bodies: bodies, urgent: urgent), logger: logger)
     }
 
     public func enqueue(unstoredNodes nodes: [NodeRecord]) {
