@@ -572,9 +572,7 @@ final class WriteQueue: @unchecked Sendable {
         if closed { return false }
         ops.append(op)
         var wakes = ops.count == 1
-        var waitedOn = true
         if case .changes(let changes) = op {
-            waitedOn = false
             urgent = urgent || changes.urgent
         } else if !awaited {
             awaited = true
@@ -582,9 +580,7 @@ final class WriteQueue: @unchecked Sendable {
         }
         if idleWriter != nil {
             if ops.count == 1 { queuedSinceMs = Timestamp.monotonicMs() }
-            if writerIsIdle, waitedOn || urgent || Timestamp.monotonicMs() - queuedSinceMs >= lagMs {
-                setWriterPriority(idle: false)
-            }
+            if writerIsIdle, writerIsWanted { setWriterPriority(idle: false) }
         }
         if wakes { monitor.signal() }
         return true
@@ -606,6 +602,12 @@ final class WriteQueue: @unchecked Sendable {
 
     /// Whether the writer is at idle priority now (tests).
     var writerAtIdlePriority: Bool { monitor.withLock { writerIsIdle } }
+
+    /// Whether what is queued wants the writer at its own priority: an op somebody waits on, urgent changes, or a
+    /// first op that has waited `maxIdleLagMs`. With `monitor` held.
+    private var writerIsWanted: Bool {
+        awaited || urgent || (!ops.isEmpty && Timestamp.monotonicMs() - queuedSinceMs >= lagMs)
+    }
 
     /// Moves the writer to idle priority or back; with `monitor` held. A refusal leaves it where it was.
     private func setWriterPriority(idle: Bool) {
@@ -656,10 +658,8 @@ final class WriteQueue: @unchecked Sendable {
 
     /// The queued ops, taken; `nil` once closed and drained. With `monitor` held.
     private func handOver() -> [WriteOp]? {
-        // Closing is waited on (the store's owner joins the writer), and so is a batch with an awaited op; one whose
-        // first op has waited `maxIdleLagMs` is written at the writer's own priority too.
-        let overdue = idleWriter != nil && !ops.isEmpty && Timestamp.monotonicMs() - queuedSinceMs >= lagMs
-        setWriterPriority(idle: !closed && !awaited && !urgent && !overdue)
+        // Closing is waited on too: the store's owner joins the writer.
+        if idleWriter != nil { setWriterPriority(idle: !closed && !writerIsWanted) }
         urgent = false
         if ops.isEmpty { return closed ? nil : [] }
         let batch = ops
