@@ -367,7 +367,7 @@ struct GraphValidator {
             } else {
                 idOwners[node.id] = place
             }
-            nodes.append(node)
+            nodes.append(consume node)
             if !children.isEmpty {
                 // Room for these children's ids and nodes at once, rather than growing the table and the array by
                 // doubling through them (a node is a large value: each doubling copied every node before it).

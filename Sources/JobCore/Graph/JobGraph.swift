@@ -239,6 +239,10 @@ public struct JobGraph: Equatable, Sendable {
         self.subtreeEnds = JobGraph.subtreeEnds(nodes)
     }
 
+    /// The graph of no nodes: what a `MapSpec` holds until its template is read. Made once, because making one
+    /// allocates its id index, and the validator starts a `MapSpec` for every node it reads.
+    public static let empty = JobGraph(nodes: [])
+
     /// A graph whose id index the validator built as it went: each id to the first node that has it.
     init(nodes: [GraphNode], indexByID: [String: Int]) {
         self.storage = nodes

@@ -35,7 +35,7 @@ public struct MapSpec: Equatable, Sendable {
     public static let defaultMaxItems = 1000
 
     public init(
-        items: ValueTemplate = .value(.array([])), template: JobGraph = JobGraph(nodes: []),
+        items: ValueTemplate = .value(.array([])), template: JobGraph = .empty,
         localIDs: [String: String] = [:], options: ListOptions = ListOptions(), maxItems: Int = MapSpec.defaultMaxItems,
         toleratedFailures: Int? = nil
     ) {
