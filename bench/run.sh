@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/benchmarks.md
-commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo '+changes')"
+# Its own output does not count as a change: a run of several sections writes the file between them.
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet -- . ":(exclude)$out" 2>/dev/null || echo '+changes')"
 machine="$(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(uname -srm), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(swift --version 2>&1 | head -1)"
 
 scripts=()
