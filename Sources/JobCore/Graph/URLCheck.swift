@@ -5,7 +5,8 @@ enum URLCheck {
     /// Only printable ASCII is accepted (RFC 3986 has no raw non-ASCII), so what the
     /// client wrote is exactly what libcurl sends.
     static func problem(_ url: String, maxBytes: Int) -> String? {
-        // Read in place: every fetch of a job is checked, and copying each URL out was a tenth of validating a list.
+        // Read in place, with no string made from its bytes: every fetch of a job is checked, this check was a tenth
+        // of validating a list of fetches, and the copy, the lowercased scheme and the port's string a third of it.
         if let found = url.utf8.withContiguousStorageIfAvailable({ problem(bytes: $0, maxBytes: maxBytes) }) {
             return found
         }
@@ -84,8 +85,8 @@ enum URLCheck {
     private static func isRegNameByte(_ c: UInt8) -> Bool {
         isAlpha(c) || isDigit(c) || isOneOf(c, "-._~%!$&'()*+,;=")
     }
-    /// Whether `c` is one of the ASCII characters of `set`, read in place (a string's `utf8.contains` was most of
-    /// checking a host).
+    /// Whether `c` is one of the ASCII characters of `set`, read in place: searching a `String`'s UTF-8 view instead
+    /// took a tenth of the URL check.
     private static func isOneOf(_ c: UInt8, _ set: StaticString) -> Bool {
         set.withUTF8Buffer { $0.contains(c) }
     }

@@ -189,16 +189,15 @@ private struct ByteSink {
         needed += count
     }
 
+    /// Read in place, as `JSONValue.writeString` reads a string.
     mutating func append(_ text: String) {
-        let appended: Void? = text.utf8.withContiguousStorageIfAvailable { bytes in
-            if let start = bytes.baseAddress { append(start, count: bytes.count) }
+        if text.utf8.withContiguousStorageIfAvailable({ append($0) }) == nil {
+            var text = text
+            text.withUTF8 { append($0) }
         }
-        if appended == nil { append(Array(text.utf8)) }
     }
 
-    private mutating func append(_ bytes: [UInt8]) {
-        bytes.withUnsafeBufferPointer { bytes in
-            if let start = bytes.baseAddress { append(start, count: bytes.count) }
-        }
+    private mutating func append(_ bytes: UnsafeBufferPointer<UInt8>) {
+        if let start = bytes.baseAddress { append(start, count: bytes.count) }
     }
 }
