@@ -150,11 +150,13 @@ class EngineTestCase: XCTestCase {
         }
     }
 
+    /// An engine on a fresh store (`store` may wrap it), started; stopped at the end of the test.
     func makeEngine(
         dbName: String = "jobs.sqlite", configure: (inout EngineConfiguration) -> Void = { _ in },
-        fetcher configureFetcher: (inout FetcherConfiguration) -> Void = { _ in }
+        fetcher configureFetcher: (inout FetcherConfiguration) -> Void = { _ in },
+        store wrap: (JobStore) -> JobStore = { $0 }
     ) throws -> Engine {
-        let store = try makeStore(dbName: dbName)
+        let store = wrap(try makeStore(dbName: dbName))
         var fetcherConfig = FetcherConfiguration()
         fetcherConfig.denyCIDRs = []
         configureFetcher(&fetcherConfig)
