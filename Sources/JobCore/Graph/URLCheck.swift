@@ -7,10 +7,7 @@ enum URLCheck {
     static func problem(_ url: String, maxBytes: Int) -> String? {
         // Read in place, with no string made from its bytes: every fetch of a job is checked, this check was a tenth
         // of validating a list of fetches, and the copy, the lowercased scheme and the port's string a third of it.
-        if let found = url.utf8.withContiguousStorageIfAvailable({ problem(bytes: $0, maxBytes: maxBytes) }) {
-            return found
-        }
-        return Array(url.utf8).withUnsafeBufferPointer { problem(bytes: $0, maxBytes: maxBytes) }
+        url.withUTF8InPlace { problem(bytes: $0, maxBytes: maxBytes) }
     }
 
     private static func problem(bytes: UnsafeBufferPointer<UInt8>, maxBytes: Int) -> String? {

@@ -92,11 +92,7 @@ extension JSONValue {
     /// megabytes), and most of their text needs none.
     private static func writeString(_ s: String, to sink: inout ByteSink) {
         sink.append(UInt8(ascii: "\""))
-        // Read in place: a native string's bytes are contiguous; any other is copied into one first.
-        if s.utf8.withContiguousStorageIfAvailable({ writeEscaped($0, to: &sink) }) == nil {
-            var text = s
-            text.withUTF8 { writeEscaped($0, to: &sink) }
-        }
+        s.withUTF8InPlace { writeEscaped($0, to: &sink) }
         sink.append(UInt8(ascii: "\""))
     }
 
@@ -189,15 +185,20 @@ private struct ByteSink {
         needed += count
     }
 
-    /// Read in place, as `JSONValue.writeString` reads a string.
     mutating func append(_ text: String) {
-        if text.utf8.withContiguousStorageIfAvailable({ append($0) }) == nil {
-            var text = text
-            text.withUTF8 { append($0) }
+        text.withUTF8InPlace { bytes in
+            if let start = bytes.baseAddress { append(start, count: bytes.count) }
         }
     }
+}
 
-    private mutating func append(_ bytes: UnsafeBufferPointer<UInt8>) {
-        if let start = bytes.baseAddress { append(start, count: bytes.count) }
+extension String {
+    /// Calls `body` with the string's UTF-8 bytes, read where they are (any native string's are contiguous), and
+    /// copied once only when they are not. Unlike `withUTF8`, it needs no `var`, whose copy of the string retains and
+    /// releases it on every call: JSON writing and the URL check do this for every string they read.
+    func withUTF8InPlace<R>(_ body: (UnsafeBufferPointer<UInt8>) throws -> R) rethrows -> R {
+        if let result = try utf8.withContiguousStorageIfAvailable(body) { return result }
+        var copy = self
+        return try copy.withUTF8(body)
     }
 }
