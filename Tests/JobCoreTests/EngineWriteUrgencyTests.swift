@@ -32,13 +32,12 @@ final class EngineWriteUrgencyTests: EngineTestCase {
                   {"type":"fetch","method":"\(row.method)","url":"\(upstream.url("/echo"))"\(idempotent)},
                   {"type":"fetch","url":"\(upstream.url("/hang"))"}]}}
                 """)
-            let handedOver = recorder.wait(milliseconds: 10_000) { batches in
-                batches.contains { $0.settledNodes.contains(NodeKey(job: job.id, node: "root.0")) }
+            let settlesTheFetch = { (batch: RecordingStore.Batch) in
+                batch.settledNodes.contains(NodeKey(job: job.id, node: "root.0"))
             }
+            let handedOver = recorder.wait(milliseconds: 10_000) { $0.contains(where: settlesTheFetch) }
             XCTAssertTrue(handedOver, "\(what): the fetch's end never reached the store")
-            let batch = recorder.withLock { batches in
-                batches.first { $0.settledNodes.contains(NodeKey(job: job.id, node: "root.0")) }
-            }
+            let batch = recorder.withLock { $0.first(where: settlesTheFetch) }
             XCTAssertEqual(batch?.urgent, row.urgent, what)
             XCTAssertEqual(batch?.settledNodes.contains(NodeKey(job: job.id, node: "root.1")), false, what)
             // Cancelling ends the /hang transfer; the job's settled state is urgent whatever its fetches were.
