@@ -3,6 +3,7 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+import Threads
 
 /// A small structured logger: one JSON object a line, to standard error by
 /// default, so a log shipper can read it. Passed in, never global.
@@ -16,20 +17,26 @@ public struct Logger: Sendable {
 
     public var label: String
     public var minimumLevel: Level
-    private let sink: @Sendable ([UInt8]) -> Void
+    private let sink: @Sendable (Level, [UInt8]) -> Void
 
-    /// A logger writing to standard error.
+    /// A logger writing to standard error through `LineWriter.standardError`: a warning or an error is written
+    /// before `log` returns, with every line logged before it; a debug or info line is queued for the writer's
+    /// thread, which writes it within moments, and at the latest when the process exits.
     public init(label: String, minimumLevel: Level = .info) {
-        self.init(label: label, minimumLevel: minimumLevel) { line in
-            line.withUnsafeBytes { raw in _ = write(2, raw.baseAddress, raw.count) }
-        }
+        self.init(label: label, minimumLevel: minimumLevel, levelSink: { level, line in
+            LineWriter.standardError.write(line, waitUntilWritten: level >= .warning)
+        })
     }
 
     /// A logger writing each finished line (with its newline) to `sink`.
     public init(label: String, minimumLevel: Level = .info, sink: @escaping @Sendable ([UInt8]) -> Void) {
+        self.init(label: label, minimumLevel: minimumLevel, levelSink: { _, line in sink(line) })
+    }
+
+    private init(label: String, minimumLevel: Level, levelSink: @escaping @Sendable (Level, [UInt8]) -> Void) {
         self.label = label
         self.minimumLevel = minimumLevel
-        self.sink = sink
+        self.sink = levelSink
     }
 
     /// A logger that drops everything.
@@ -52,7 +59,7 @@ public struct Logger: Sendable {
         for (key, value) in fields { members.append(JSONMember(key, value)) }
         var line = JSONValue.object(members).bytes
         line.append(0x0A)
-        sink(line)
+        sink(level, line)
     }
 }
 
@@ -86,7 +93,51 @@ public enum Timestamp {
     }
 
     /// `2026-12-02T08:11:28.123Z`.
+    ///
+    /// Years 0 to 9999, which are all a `Int64` of milliseconds from 1970 on reaches before the year 10000, are
+    /// written digit by digit from the civil date (Howard Hinnant's civil-from-days): every log line has one, and
+    /// `gmtime_r` takes glibc's time zone lock, which the threads that log then took in turn.
     public static func format(_ ms: Int64) -> String {
+        guard ms >= 0, ms < 253_402_300_800_000 else { return formatAnyYear(ms) }
+        let days = ms / 86_400_000
+        let msOfDay = ms % 86_400_000
+        let z = days + 719_468
+        let era = z / 146_097
+        let doe = z - era * 146_097
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100)
+        let mp = (5 * doy + 2) / 153
+        let day = doy - (153 * mp + 2) / 5 + 1
+        let month = mp < 10 ? mp + 3 : mp - 9
+        let year = yoe + era * 400 + (month <= 2 ? 1 : 0)
+        return String(unsafeUninitializedCapacity: 24) { text in
+            func put(_ value: Int64, at start: Int, width: Int) {
+                var value = value
+                for k in stride(from: start + width - 1, through: start, by: -1) {
+                    text[k] = UInt8(truncatingIfNeeded: 0x30 + value % 10)
+                    value /= 10
+                }
+            }
+            put(year, at: 0, width: 4)
+            text[4] = UInt8(ascii: "-")
+            put(month, at: 5, width: 2)
+            text[7] = UInt8(ascii: "-")
+            put(day, at: 8, width: 2)
+            text[10] = UInt8(ascii: "T")
+            put(msOfDay / 3_600_000, at: 11, width: 2)
+            text[13] = UInt8(ascii: ":")
+            put(msOfDay / 60_000 % 60, at: 14, width: 2)
+            text[16] = UInt8(ascii: ":")
+            put(msOfDay / 1000 % 60, at: 17, width: 2)
+            text[19] = UInt8(ascii: ".")
+            put(msOfDay % 1000, at: 20, width: 3)
+            text[23] = UInt8(ascii: "Z")
+            return 24
+        }
+    }
+
+    /// `format` for any instant, through `gmtime_r`: before 1970 and from the year 10000 on.
+    static func formatAnyYear(_ ms: Int64) -> String {
         var seconds = time_t(ms / 1000)
         var parts = tm()
         gmtime_r(&seconds, &parts)
