@@ -28,7 +28,7 @@ hang_port=$up_port
 start_server() {
     local db=$1; shift
     server_port=$(free_port)
-    "$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$db" --log-level error "$@" 2>>"$tmp/server.log" &
+    "$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$db" "$@" 2>>"$tmp/server.log" &
     server_pid=$!
     pids+=("$server_pid")
     wait_for "http://127.0.0.1:$server_port/healthz"
@@ -141,6 +141,8 @@ kill -9 "$server_pid"; wait "$server_pid" 2>/dev/null || true
 verdict() { python3 -c "print('met' if $1 else 'missed')"; }
 cat <<MD
 ## Engine and store
+
+The server runs with default flags and log level unless a part names a flag.
 
 ### (a) Durable submissions per second
 

@@ -18,7 +18,8 @@ fi
 bench_setup
 
 server_port=$(free_port)
-"$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$tmp/jobs.sqlite" --log-level error 2>/dev/null &
+# Default flags and log level: a line per request, to a file, as nginx's access log below.
+"$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$tmp/jobs.sqlite" 2>"$tmp/server.log" &
 pids+=($!)
 wait_for "http://127.0.0.1:$server_port/healthz"
 # A settled job: a list of three fetches refused by a closed port.
@@ -31,7 +32,7 @@ mkdir -p "$tmp/www"
 curl -fsS -o "$tmp/www/job.json" "http://127.0.0.1:$server_port/v1/jobs/$id"
 chmod 644 "$tmp/www/job.json"
 bytes=$(stat -c %s "$tmp/www/job.json")
-start_nginx "$tmp/www"
+start_nginx "$tmp/www" "$tmp/logs/access.log"
 pids+=("$nginx_pid")
 wait_for "http://127.0.0.1:$nginx_port/job.json"
 # Both answer the same bytes.
@@ -96,8 +97,9 @@ cat <<MD
 ## GET of a settled job against nginx
 
 \`GET /v1/jobs/{id}\` of a settled three-node job ($bytes bytes of JSON, answered from the settled-job cache with its
-\`ETag\`) against nginx $(nginx_version) serving the same bytes as a static file (\`worker_processes auto\`,
-\`access_log off\`), \`wrk -t2 -c64\`, $RUNS runs one after the other; in each run the two take turns in $SLICES
+\`ETag\`) against nginx $(nginx_version) serving the same bytes as a static file (\`worker_processes auto\`), each as users
+run it: jobserver with default flags and log level, nginx with its access log, each writing a line per request to a
+file. \`wrk -t2 -c64\`, $RUNS runs one after the other; in each run the two take turns in $SLICES
 slices of ${slice}s (${seconds}s each in all) and a figure is the mean of its slices. CPU per request is the
 server's user and system time over its requests (all of nginx's workers; every thread of jobserver).
 

@@ -18,7 +18,7 @@ db="$tmp/jobs.sqlite"
 port=$(free_port)
 
 # The server makes the schema; then it stops and the rows are written directly, in one transaction.
-"$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" --log-level error 2>/dev/null &
+"$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" 2>>"$tmp/server.log" &
 first=$!
 pids+=("$first")
 wait_for "http://127.0.0.1:$port/healthz"
@@ -55,7 +55,7 @@ stored=$(sqlite3 "$db" "SELECT count(*) FROM jobs")
 echo "stored $stored jobs in $fill_ms ms" >&2
 
 start_ns=$(date +%s%N)
-"$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" --log-level error --retention 0 2>/dev/null &
+"$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" --retention 0 2>>"$tmp/server.log" &
 pids+=($!)
 wait_for "http://127.0.0.1:$port/healthz"
 startup_ms=$(( ($(date +%s%N) - start_ns) / 1000000 ))
@@ -111,7 +111,8 @@ cat <<MD
 ## /healthz under /metrics scrapes and a large read
 
 A store of $stored jobs (written directly with the sqlite3 CLI in one transaction, $fill_ms ms), one of them
-with a $big_bytes-byte answer; the server started on it in $startup_ms ms (exec to the first \`/healthz\` 200; counting
+with a $big_bytes-byte answer; the server (\`--retention 0\`, so that the stored jobs are kept, otherwise default flags
+and log level, its log to a file) started on it in $startup_ms ms (exec to the first \`/healthz\` 200; counting
 jobs by state once) and \`/metrics\` counted $jobs_metric settled jobs. \`/healthz\` latency with
 \`wrk -t1 -c1 -d$DURATION --latency\`: alone; while \`wrk -t1 -c4\` scrapes \`/metrics\` back to back
 ($scrapes_only scrapes/s); and while it does ($scrapes scrapes/s) and one client reads the large job back to back

@@ -146,6 +146,8 @@ verdict() { python3 -c "print('met' if $1 else 'missed')"; }
 cat <<MD
 ## map
 
+Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+
 ### (a) A map over $N ids against the same fetches as a static list
 
 Both jobs are a sequence of the same ids fetch (nginx $(nginx_version), static files on loopback) and then

@@ -111,6 +111,8 @@ verdict() { python3 -c "print('met' if $1 else 'missed')"; }
 cat <<MD
 ## Paginated fetch
 
+Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+
 One job whose fetch walks a $PAGES-page \`Link\` pagination (\`"paginate": {"next": "link", "items": "/body"}\`,
 $PER items a page, static files served by nginx $(nginx_version) with a \`Link\` header each), against one
 \`curl $(curl --version | head -1 | cut -d' ' -f2)\` process fetching the same $PAGES URLs one after another on one kept-alive connection.

@@ -159,6 +159,8 @@ early=$(j .early)
 cat <<MD
 ## Jobs waiting for \`not_before\`: memory and start lateness
 
+Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+
 (a) $JOBS jobs submitted with \`not_before\` an hour ahead (in ${far_s} s, $CLIENTS connections): they wait as
 rows in the store, not in memory, under one timer. $scheduled counted by \`jobserver_jobs_scheduled\`.
 (b) $RUNS runs, each of $JOBS jobs on a fresh store, each job with \`not_before\` ${MIN_S}–${MAX_S} s after its own

@@ -82,6 +82,8 @@ done
 cat <<MD
 ## Following one job: $CLIENTS event streams against $CLIENTS long-polls
 
+Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+
 bench/65-events.sh: $CLIENTS clients follow one job of $NODES nodes ($((NODES - 3)) fetches of ${DELAY_MS} ms,
 $CONCURRENCY at a time, after a 3 s fetch that lets every client connect), as Server-Sent Events streams, then
 as long-polls (\`?wait=30&since=V\` in a loop) on a fresh job. A message is an SSE event (one per node state

@@ -197,6 +197,8 @@ echo "rate: $rate_seen fetches in $rate_ms ms, at most $rate_window in any 1 s" 
 cat <<MD
 ## Transfer layer: HTTPS fan-out and coalescing
 
+Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+
 **$N HTTPS fetches, $CONCURRENCY at a time**, of \`/json?i=1…$N\` from the TLS fixture
 (\`Tests/Fixtures/upstream.py --tls-cert\`, HTTP/1.1 by ALPN, a P-256 certificate from a CA made by
 \`make-tls.sh\`). Wall time of the whole process, $RUNS runs each, curl then FetchBench then one jobserver job

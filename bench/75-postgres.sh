@@ -103,6 +103,8 @@ done
 cat <<MD
 ## PostgreSQL store against SQLite (one server)
 
+Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+
 \`bench/75-postgres.sh\`: the release server on SQLite and on a throwaway PostgreSQL 15 cluster (fsync on) on the
 same machine, one after the other with the same flags. (a) \`wrk -t2 -c32 -d$DURATION\` POSTs a 10-node job whose
 fetches never answer (each job committed before its 201); (b) 16 clients each submit a job of ten loopback fetches

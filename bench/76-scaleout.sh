@@ -201,6 +201,8 @@ echo "micro: SELECT 1 $us_select µs, slot $us_slot µs, rate $us_rate µs" >&2
 cat <<MD
 ## Several servers on one PostgreSQL
 
+Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+
 \`bench/76-scaleout.sh\`: the $build server, one on SQLite and 1, 2 and 3 on one database of a throwaway
 PostgreSQL cluster (fsync on, default \`--lease-ttl\`), one configuration after the other with the same flags
 (\`--max-per-host 4096\`). $CLIENTS clients, spread round-robin over the servers, each submit a job of nine loopback

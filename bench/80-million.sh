@@ -28,7 +28,7 @@ bench_setup
 db="$tmp/jobs.sqlite"
 port=$(free_port)
 base="http://127.0.0.1:$port"
-serve() { exec "$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" --log-level error --retention 0 "$@" 2>>"$tmp/server.err"; }
+serve() { exec "$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" --retention 0 "$@" 2>>"$tmp/server.err"; }
 
 # The fixture upstream serves the big job's files.
 : >"$tmp/upstream.out"
@@ -180,7 +180,8 @@ $stored jobs stored ($db_mb MB of SQLite): $JOBS copies of one settled one-fetch
 \`failed\`), written with the sqlite3 CLI in one transaction ($fill_ms ms; the columns are read from the schema),
 and one job of $BIG_MB fetches of a 1 MiB JSON file from the fixture upstream, run through the API: its
 \`GET /v1/jobs/{id}\` is $big_bytes bytes and its \`nodes?include=result\` $nodes_bytes bytes. $RUNS runs, each
-starting the release server on the file (\`--retention 0\`), timing exec to the first \`/healthz\` 200 (polled every
+starting the release server on the file (\`--retention 0\`, so that the stored jobs are kept; otherwise default flags and
+log level, its log to a file), timing exec to the first \`/healthz\` 200 (polled every
 2 ms), then for ${SECONDS_LOAD} s sending \`GET /healthz\` every $INTERVAL_MS ms on one keep-alive connection (latency
 counted from when each probe was due) while five other connections each loop over one read:
 \`/metrics\`, \`/v1/jobs?state=failed&limit=100\`, cursor pages of \`/v1/jobs?limit=100\` followed from the newest job

@@ -39,11 +39,13 @@ wait_for() {
 # wrk's "Requests/sec:" line, as a plain number.
 rps() { awk '/^Requests\/sec:/ {print $2}'; }
 
-# start_nginx ROOT: serves ROOT on a free loopback port in the background;
+# start_nginx ROOT [ACCESS_LOG]: serves ROOT on a free loopback port in the background;
 # sets nginx_port and nginx_pid. Files under ROOT must be world-readable
-# (nginx's workers drop root's privileges).
+# (nginx's workers drop root's privileges). Without ACCESS_LOG nginx keeps no access log (an upstream fixture);
+# with a path, it writes one there in its default format, a line per request, as nginx does out of the box.
 start_nginx() {
-    local root=$1
+    local root=$1 access_log="access_log off;"
+    [ -n "${2:-}" ] && access_log="access_log $2;"
     mkdir -p "$tmp/logs" "$tmp/client_body" "$tmp/proxy" "$tmp/fastcgi" "$tmp/uwsgi" "$tmp/scgi"
     chmod 755 "$tmp" "$root"
     nginx_port=$(free_port)
@@ -54,7 +56,7 @@ pid $tmp/nginx.pid;
 error_log $tmp/logs/error.log warn;
 events { worker_connections 4096; }
 http {
-    access_log off;
+    $access_log
     keepalive_requests 100000;
     keepalive_timeout 60s;
     client_body_temp_path $tmp/client_body;
