@@ -162,6 +162,8 @@ final class StoreFailurePolicyTests: StoreTestCase, @unchecked Sendable {  // @u
         XCTAssertNil(pending.unchanged[job.id])
         XCTAssertEqual(pending.unstored, Set([0, 2, 3].map { NodeKey(jobID: job.id, position: $0) }))
         XCTAssertEqual(pending.nodes.count, 4)
+        // Rebuilt from what the writer kept of them, they are the rows the job was created with.
+        for k in [0, 2, 3] { XCTAssertEqual(pending.nodes[NodeKey(jobID: job.id, position: k)], nodes[k]) }
 
         // A deleted job's rows are forgotten; without deferral rows are inserted at once, as before.
         let (other, otherNodes) = makeJob(2)
@@ -172,6 +174,38 @@ final class StoreFailurePolicyTests: StoreTestCase, @unchecked Sendable {  // @u
         eager.merge(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: otherNodes))
         XCTAssertEqual(eager.unstored.count, otherNodes.count)
         XCTAssertTrue(eager.unchanged.isEmpty)
+    }
+
+    /// Rows that are not as a job is created with them (a node already changed) are written at once, not kept; rows
+    /// whose positions do not follow each other are kept all the same.
+    func testOnlyRowsAsCreatedWaitAndAnyPositionsAreKept() {
+        var pending = PendingChanges(defersUnchangedRows: true)
+        let (job, nodes) = makeJob(3, nodes: 6)
+        var changed = nodes[4]
+        changed.attempts = 1
+        // Out of order, one twice, one changed.
+        pending.merge(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: [nodes[2], nodes[3], nodes[0], nodes[5], nodes[3], changed]))
+        XCTAssertEqual(pending.unchanged[job.id]?.count, 4)
+        XCTAssertEqual(pending.unstored, [NodeKey(jobID: job.id, position: 4)])
+        XCTAssertEqual(pending.nodes[NodeKey(jobID: job.id, position: 4)], changed)
+
+        var started = nodes[0]
+        started.state = .running
+        pending.merge(Changes(jobs: [], nodes: [started], bodies: []))
+        XCTAssertEqual(pending.unchanged[job.id]?.count, 3)
+        // A row never queued is not taken.
+        var other = nodes[1]
+        other.state = .running
+        pending.merge(Changes(jobs: [], nodes: [other], bodies: []))
+        XCTAssertEqual(pending.unchanged[job.id]?.count, 3)
+        XCTAssertFalse(pending.unstored.contains(NodeKey(jobID: job.id, position: 1)))
+
+        var settled = job
+        settled.state = .succeeded
+        pending.merge(Changes(jobs: [settled], nodes: [], bodies: []))
+        XCTAssertNil(pending.unchanged[job.id])
+        for k in [2, 3, 5] { XCTAssertEqual(pending.nodes[NodeKey(jobID: job.id, position: k)], nodes[k], "row \(k)") }
+        XCTAssertEqual(pending.unstored, Set([0, 2, 3, 4, 5].map { NodeKey(jobID: job.id, position: $0) }))
     }
 
     func testReadsOutOfFileDescriptorsAreResourceFailures() throws {
