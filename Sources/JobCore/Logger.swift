@@ -94,9 +94,9 @@ public enum Timestamp {
 
     /// `2026-12-02T08:11:28.123Z`.
     ///
-    /// Years 0 to 9999, which are all a `Int64` of milliseconds from 1970 on reaches before the year 10000, are
-    /// written digit by digit from the civil date (Howard Hinnant's civil-from-days): every log line has one, and
-    /// `gmtime_r` takes glibc's time zone lock, which the threads that log then took in turn.
+    /// From 1970 to the year 9999 the digits are written one by one from the civil date (Howard Hinnant's
+    /// civil-from-days), other instants through `gmtime_r`: every log line has a timestamp, and `gmtime_r` takes
+    /// glibc's time zone lock, which the threads that log then took in turn.
     public static func format(_ ms: Int64) -> String {
         guard ms >= 0, ms < 253_402_300_800_000 else { return formatAnyYear(ms) }
         let days = ms / 86_400_000
