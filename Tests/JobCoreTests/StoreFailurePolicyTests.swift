@@ -178,7 +178,7 @@ final class StoreFailurePolicyTests: StoreTestCase, @unchecked Sendable {  // @u
 
     /// Rows that are not as a job is created with them (a node already changed) are written at once, not kept; rows
     /// whose positions do not follow each other are kept all the same.
-    func testOnlyRowsAsCreatedWaitAndAnyPositionsAreKept() {
+    func testOnlyRowsAsCreatedWaitAndAnyPositionsAreKept() throws {
         var pending = PendingChanges(defersUnchangedRows: true)
         let (job, nodes) = makeJob(3, nodes: 6)
         var changed = nodes[4]
@@ -206,6 +206,17 @@ final class StoreFailurePolicyTests: StoreTestCase, @unchecked Sendable {  // @u
         XCTAssertNil(pending.unchanged[job.id])
         for k in [2, 3, 5] { XCTAssertEqual(pending.nodes[NodeKey(jobID: job.id, position: k)], nodes[k], "row \(k)") }
         XCTAssertEqual(pending.unstored, Set([0, 2, 3, 4, 5].map { NodeKey(jobID: job.id, position: $0) }))
+
+        // A position kept apart, then reached by the positions that follow the first: one row, taken once.
+        let row = try XCTUnwrap(UnchangedRow(nodes[1]))
+        var rows = UnchangedRows()
+        for position in [0, 3, 1, 2, 3] { rows.add(row, at: position) }
+        XCTAssertEqual(rows.count, 4)
+        XCTAssertTrue(rows.take(3))
+        XCTAssertFalse(rows.take(3))
+        var left: [Int] = []
+        rows.forEach { position, _ in left.append(position) }
+        XCTAssertEqual(left.sorted(), [0, 1, 2])
     }
 
     func testReadsOutOfFileDescriptorsAreResourceFailures() throws {

@@ -824,6 +824,8 @@ struct UnchangedRows {
         if run.isEmpty && others.isEmpty { first = position }
         let k = position - first
         if k == run.count {
+            // A position kept apart until the run reached it moves into the run.
+            if others.removeValue(forKey: position) != nil { count -= 1 }
             run.append(row)
             count += 1
         } else if k >= 0 && k < run.count {
