@@ -53,7 +53,7 @@ hang="http://127.0.0.1:$up_port/hang"
 start_server() {
     local db=$1; shift
     server_port=$(free_port)
-    "$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$db" --log-level error "$@" 2>>"$tmp/server.log" &
+    "$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$db" "$@" 2>>"$tmp/server.log" &
     server_pid=$!
     pids+=("$server_pid")
     wait_for "http://127.0.0.1:$server_port/healthz"
@@ -146,7 +146,7 @@ verdict() { python3 -c "print('met' if $1 else 'missed')"; }
 cat <<MD
 ## map
 
-Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+Every jobserver here runs at the default log level (\`info\`, its log to a file), with the flags named below.
 
 ### (a) A map over $N ids against the same fetches as a static list
 

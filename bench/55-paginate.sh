@@ -66,7 +66,7 @@ pids+=($!)
 wait_for "$up/p/1.json"
 
 server_port=$(free_port)
-"$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$tmp/jobs.sqlite" --log-level error 2>>"$tmp/server.log" &
+"$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$tmp/jobs.sqlite" 2>>"$tmp/server.log" &
 pids+=($!)
 base="http://127.0.0.1:$server_port"
 wait_for "$base/healthz"
@@ -111,7 +111,7 @@ verdict() { python3 -c "print('met' if $1 else 'missed')"; }
 cat <<MD
 ## Paginated fetch
 
-Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+Every jobserver here runs at the default log level (\`info\`, its log to a file), with the flags named below.
 
 One job whose fetch walks a $PAGES-page \`Link\` pagination (\`"paginate": {"next": "link", "items": "/body"}\`,
 $PER items a page, static files served by nginx $(nginx_version) with a \`Link\` header each), against one

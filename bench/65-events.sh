@@ -34,7 +34,7 @@ for _ in $(seq 1 100); do
     sleep 0.05
 done
 port=$(free_port)
-"$BIN" serve --host 127.0.0.1 --port "$port" --db "$tmp/jobs.sqlite" --log-level error \
+"$BIN" serve --host 127.0.0.1 --port "$port" --db "$tmp/jobs.sqlite" \
     --max-per-host 4096 2>"$tmp/server.log" &
 server=$!
 pids+=("$server")
@@ -82,7 +82,7 @@ done
 cat <<MD
 ## Following one job: $CLIENTS event streams against $CLIENTS long-polls
 
-Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+Every jobserver here runs at the default log level (\`info\`, its log to a file), with the flags named below.
 
 bench/65-events.sh: $CLIENTS clients follow one job of $NODES nodes ($((NODES - 3)) fetches of ${DELAY_MS} ms,
 $CONCURRENCY at a time, after a 3 s fetch that lets every client connect), as Server-Sent Events streams, then

@@ -63,7 +63,7 @@ urls = [line.strip() for line in open(sys.argv[1]) if line.strip()]
 print(json.dumps({"graph": {"type": "list", "children": [{"type": "fetch", "url": u} for u in urls]}}))
 PY
 fan_port=$(free_port)
-"$bin/jobserver" serve --host 127.0.0.1 --port "$fan_port" --db "$tmp/fan/jobs.sqlite" --log-level error \
+"$bin/jobserver" serve --host 127.0.0.1 --port "$fan_port" --db "$tmp/fan/jobs.sqlite" \
   --ca-file "$tmp/tls/ca.pem" --max-per-host "$CONCURRENCY" --max-concurrent-fetches "$CONCURRENCY" \
   --max-nodes $(( N + 10 )) --max-request-bytes 16MiB 2>"$tmp/fan-server.log" &
 pids+=("$!")
@@ -108,7 +108,7 @@ job_verdict=$(awk -v r="$job_ratio" 'BEGIN{print (r <= 1.25) ? "met" : "missed"}
 port=$(start_fixture)
 upstream="http://127.0.0.1:$port"
 server_port=$(free_port)
-"$bin/jobserver" serve --host 127.0.0.1 --port "$server_port" --db "$tmp/db/jobs.sqlite" --log-level error \
+"$bin/jobserver" serve --host 127.0.0.1 --port "$server_port" --db "$tmp/db/jobs.sqlite" \
   --max-nodes $(( (N > CACHE_N ? N : CACHE_N) + 10 )) --max-request-bytes 16MiB --cache-bytes 1MiB 2>"$tmp/server.log" &
 pids+=("$!")
 base="http://127.0.0.1:$server_port"
@@ -169,7 +169,7 @@ echo "cache: $CACHE_N responses in $cache_ms ms, at most $max_bytes bytes, $cach
 
 # ------------------------------------------------------------------ 4. host rate
 rate_port=$(free_port)
-"$bin/jobserver" serve --host 127.0.0.1 --port "$rate_port" --db "$tmp/db2/jobs.sqlite" --log-level error \
+"$bin/jobserver" serve --host 127.0.0.1 --port "$rate_port" --db "$tmp/db2/jobs.sqlite" \
   --host-rate 127.0.0.1=20/s 2>>"$tmp/server.log" &
 pids+=("$!")
 wait_for "http://127.0.0.1:$rate_port/healthz"
@@ -197,7 +197,7 @@ echo "rate: $rate_seen fetches in $rate_ms ms, at most $rate_window in any 1 s" 
 cat <<MD
 ## Transfer layer: HTTPS fan-out and coalescing
 
-Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+Every jobserver here runs at the default log level (\`info\`, its log to a file), with the flags named below.
 
 **$N HTTPS fetches, $CONCURRENCY at a time**, of \`/json?i=1…$N\` from the TLS fixture
 (\`Tests/Fixtures/upstream.py --tls-cert\`, HTTP/1.1 by ALPN, a P-256 certificate from a CA made by
