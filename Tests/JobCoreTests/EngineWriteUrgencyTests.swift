@@ -26,20 +26,21 @@ final class EngineWriteUrgencyTests: EngineTestCase {
             let what = "\(row.method), idempotent \(row.idempotent.map(String.init) ?? "unset")"
             let idempotent = row.idempotent.map { #","idempotent":\#($0)"# } ?? ""
             // A second child that never ends keeps the job running: the first one's end is the only urgent change
-            // there could be (a job that settles is urgent by itself).
+            // there could be (a job that settles is urgent by itself). Positions in tree order: the list is 0, its
+            // children 1 and 2.
             let job = try submit(engine, """
                 {"graph":{"type":"list","children":[
                   {"type":"fetch","method":"\(row.method)","url":"\(upstream.url("/echo"))"\(idempotent)},
                   {"type":"fetch","url":"\(upstream.url("/hang"))"}]}}
                 """)
             let settlesTheFetch = { (batch: RecordingStore.Batch) in
-                batch.settledNodes.contains(NodeKey(job: job.id, node: "root.0"))
+                batch.settledNodes.contains(NodeKey(jobID: job.id, position: 1))
             }
             let handedOver = recorder.wait(milliseconds: 10_000) { $0.contains(where: settlesTheFetch) }
             XCTAssertTrue(handedOver, "\(what): the fetch's end never reached the store")
             let batch = recorder.withLock { $0.first(where: settlesTheFetch) }
             XCTAssertEqual(batch?.urgent, row.urgent, what)
-            XCTAssertEqual(batch?.settledNodes.contains(NodeKey(job: job.id, node: "root.1")), false, what)
+            XCTAssertEqual(batch?.settledNodes.contains(NodeKey(jobID: job.id, position: 2)), false, what)
             // Cancelling ends the /hang transfer; the job's settled state is urgent whatever its fetches were.
             let cancelled = try engine.answer("cancel of \(job.id)") { done in engine.cancel(id: job.id) { done($0) } }
             guard case .success(.cancelling) = cancelled else { return XCTFail("\(what): cancel answered \(cancelled)") }
@@ -69,7 +70,7 @@ private final class RecordingStore: JobStore {
         jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)], urgent: Bool
     ) {
         base.enqueue(jobs: jobs, nodes: nodes, bodies: bodies, urgent: urgent)
-        let settled = Set(nodes.filter(\.state.isSettled).map { NodeKey(job: $0.jobID, node: $0.id) })
+        let settled = Set(nodes.filter(\.state.isSettled).map { NodeKey(jobID: $0.jobID, position: $0.position) })
         batches.withLock { $0.append(Batch(urgent: urgent, settledNodes: settled)) }
     }
 
@@ -125,9 +126,4 @@ private final class RecordingStore: JobStore {
         base.expandMap(expansion, completion)
     }
     func mapExpansions(jobID: String) throws -> [MapExpansionRecord] { try base.mapExpansions(jobID: jobID) }
-}
-
-private struct NodeKey: Hashable {
-    var job: String
-    var node: String
 }
