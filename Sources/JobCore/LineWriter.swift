@@ -20,6 +20,9 @@ import Threads
 /// by its caller.
 public final class LineWriter: @unchecked Sendable {
     // @unchecked: every `var` below is read and written only with `lock` held; `fd` never changes.
+    // A `Lock` and its condition rather than a `Watched`, which wakes its waiters on every change: a version on one
+    // woke the writer for every line and served 43,000 `GET`s a second against 48,600 with each thread writing its
+    // own; here a line wakes the writer only when it went idle, or when somebody waits for the line.
 
     /// The process's standard error; what is queued is written when the process exits.
     public static let standardError: LineWriter = {
