@@ -87,6 +87,26 @@ final class LoggerTests: XCTestCase {
         XCTAssertEqual(text, (0..<100).map { "info \($0)\n" }.joined() + "error\n")
     }
 
+    /// Logging takes no lock: a line is queued, and the caller goes on, while another thread holds the writer's
+    /// lock (as a preempted thread may, in the middle of its turn).
+    func testALineIsQueuedWhileAnotherThreadHoldsTheWritersLock() throws {
+        let (readEnd, writeEnd) = try makePipe()
+        let writer = LineWriter(fd: writeEnd)
+        let queued = Watched(false)
+        var logger: pthread_t?
+        writer.whileLocked {
+            logger = try? startThread(name: "log-test-held") {
+                writer.write(Array("while held\n".utf8))
+                queued.withLock { $0 = true }
+            }
+            XCTAssertTrue(queued.wait(milliseconds: 60_000) { $0 }, "the caller waited for the writer's lock")
+        }
+        let thread = try XCTUnwrap(logger)
+        XCTAssertEqual(pthread_join(thread, nil), 0)
+        writer.flush(waitingAtMostMs: 60_000)
+        XCTAssertEqual(readAvailable(readEnd), "while held\n")
+    }
+
     func testFlushWritesEverythingQueued() throws {
         let (readEnd, writeEnd) = try makePipe()
         let writer = LineWriter(fd: writeEnd)
