@@ -1,5 +1,6 @@
 import Foundation
 import TestSupport
+import Threads
 import XCTest
 
 @testable import JobCore
@@ -317,6 +318,39 @@ class MapEngineTests: EngineTestCase {
         defer { store.close() }
         let stored = try store.nodes(jobID: job.id, includeResults: false)
         XCTAssertTrue(stored.allSatisfy { $0.state.isSettled }, "\(stored.filter { !$0.state.isSettled }.count) nodes stored unsettled")
+    }
+
+    /// On SQLite a copy's row is stored with its first change, so a server may stop with a map's items committed and
+    /// no row of any copy: the restart makes the copies again from the items and runs them, and the map does not
+    /// expand a second time (its items' row would be taken).
+    func testARestartWithTheItemsStoredAndNoCopyRowRunsTheCopiesFromTheItems() throws {
+        let body = #"""
+            {"graph": {"id": "m", "type": "map", "items": [1, 2, 3],
+             "template": {"type": "fetch", "url": {"$concat": ["\#(u("/users/"))", {"$ref": "/item"}]}, "select": "/body"}}}
+            """#
+        let request = try JSONValue.parse(body)
+        let spec = try JobSpec.parse(request)
+        let id = "01JMAPRESTART0000000000000"
+        var progress = Progress()
+        progress.total = 1
+        progress.pending = 1
+        let job = JobRecord(id: id, name: nil, state: .pending, createdAt: Timestamp.nowMs(), request: request, progress: progress)
+        let copies = (0..<3).map { k in NodeRecord(jobID: id, id: "m.\(k)", parent: "m", position: 1 + k, type: "fetch") }
+        let store = try makeStore()
+        guard case .created = try store.createJob(
+            job, nodes: spec.graph.pendingNodeRecords(jobID: id), idempotencyKey: nil, requestHash: nil)
+        else { return XCTFail("the job was not created") }
+        let expansion = MapExpansionRecord(jobID: id, nodeID: "m", firstPosition: 1, items: [1, 2, 3], nodes: copies)
+        try waitForCompletion { done in store.expandMap(expansion, done) }.get()
+        store.close()
+
+        let engine = try makeEngine()
+        let done = try settled(engine, id)
+        XCTAssertEqual(done.state, .succeeded, "\(done.result ?? .null)")
+        XCTAssertEqual(done.progress.total, 1 + 3)
+        let users = (1...3).map { JSONValue.object(["id": .int($0), "name": .string("user-\($0)")]) }
+        XCTAssertEqual(done.result, .array(users))
+        for k in 1...3 { XCTAssertEqual(try counter("users/\(k)"), 1, "users/\(k)") }
     }
 
     func testARestartResumesTheCopiesWithoutFetchingSettledOnesAgain() throws {

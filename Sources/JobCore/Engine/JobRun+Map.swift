@@ -1,9 +1,9 @@
 // A running `map` node (API.md §7.1). When it starts it resolves its items,
 // appends one copy of its template per item to the graph, and hands the
-// copies and the items to the store in one transaction; only once that is
-// committed does any copy start, so a restart always finds every copy the
-// map made (and the items it made them from). From then on the map runs as a
-// `list` over its copies, plus `tolerated_failures`.
+// copies and the items to the store; only once the items are committed does
+// any copy start, so a restart always finds the items the map made its copies
+// from, and makes the same copies again (`Engine.rebuild`). From then on the
+// map runs as a `list` over its copies, plus `tolerated_failures`.
 
 extension JobRun {
     func startMap(_ i: Int, _ spec: MapSpec) -> Deferred {

@@ -288,8 +288,9 @@ public protocol JobStore: AnyObject, Sendable {
     /// How many jobs wait in the store for their time.
     func scheduledJobCount() throws -> Int
 
-    /// Inserts a map's copies (new node rows) and its items in one transaction, after everything queued before;
-    /// `completion` runs on the store's thread, so it must be quick.
+    /// Stores a map's items, after everything queued before, and its copies (new node rows): in the same transaction,
+    /// or (SQLite) with each copy's first change, since the items make them again; `completion` runs on the store's
+    /// thread once the items are committed, so it must be quick.
     func expandMap(_ expansion: MapExpansionRecord, _ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void)
 
     /// The job's stored map expansions, oldest first, without their nodes (those are read with the job's).

@@ -134,10 +134,16 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         queue.push(answering: completion) { .barrier($0) }
     }
 
-    /// Inserts a map's copies and its items in one transaction, after everything queued before; `completion` runs
-    /// on the store's thread once that is committed, or with the error that kept it from being.
+    /// Inserts a map's items, after everything queued before; `completion` runs on the store's thread once that is
+    /// committed, or with the error that kept it from being. The copies' rows wait for their first change, as a new
+    /// job's do (`PendingChanges.unchanged`): queued before the items, so before any change made to a copy, they say
+    /// nothing the items do not, and `Engine.rebuild` makes them again from the items. A map of 1,000 copies then
+    /// starts them as much sooner as inserting 1,000 rows takes.
     public func expandMap(_ expansion: MapExpansionRecord, _ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
-        queue.push(answering: completion) { .expand(expansion, $0) }
+        var items = expansion
+        items.nodes = []
+        enqueue(unstoredNodes: expansion.nodes)
+        queue.push(answering: completion) { .expand(items, $0) }
     }
 
     /// The expansions of a job's maps, in the order they were made (their copies' first position).
@@ -1239,17 +1245,6 @@ final class StoreWriter: @unchecked Sendable {
         items.bind(3, expansion.firstPosition)
         items.bind(4, json: expansion.items)
         try items.run()
-        // The job was deleted meanwhile: its copies are not kept either.
-        guard db.changes > 0 else { return }
-        let insertNode = try db.prepare(SQL.insertNode)
-        for node in expansion.nodes {
-            insertNode.reset()
-            // A copy changed (cancelled) before this commit: its change, written just before in this transaction,
-            // found no row to update, so the row goes in as it now is.
-            let latest = pending.nodes[NodeKey(jobID: expansion.jobID, position: node.position)] ?? node
-            Rows.bind(latest, jobID: expansion.jobID, to: insertNode)
-            try insertNode.run()
-        }
     }
 
     private func write(_ pending: PendingChanges) throws {
