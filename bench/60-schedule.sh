@@ -29,7 +29,7 @@ start_upstream
 start_server() {
     local db=$1
     server_port=$(free_port)
-    "$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$db" --log-level error \
+    "$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$db" \
         --max-active-jobs 1000000 2>>"$tmp/server.log" &
     server_pid=$!
     pids+=("$server_pid")
@@ -159,7 +159,7 @@ early=$(j .early)
 cat <<MD
 ## Jobs waiting for \`not_before\`: memory and start lateness
 
-Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+Every jobserver here runs at the default log level (\`info\`, its log to a file), with the flags named below.
 
 (a) $JOBS jobs submitted with \`not_before\` an hour ahead (in ${far_s} s, $CLIENTS connections): they wait as
 rows in the store, not in memory, under one timer. $scheduled counted by \`jobserver_jobs_scheduled\`.

@@ -24,7 +24,7 @@ start_upstream
 start_server() {
     local db=$1; shift
     server_port=$(free_port)
-    "$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$db" --log-level error "$@" 2>>"$tmp/server.log" &
+    "$BIN" serve --host 127.0.0.1 --port "$server_port" --db "$db" "$@" 2>>"$tmp/server.log" &
     server_pid=$!
     pids+=("$server_pid")
     wait_for "http://127.0.0.1:$server_port/healthz"
@@ -103,7 +103,7 @@ done
 cat <<MD
 ## PostgreSQL store against SQLite (one server)
 
-Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+Every jobserver here runs at the default log level (\`info\`, its log to a file), with the flags named below.
 
 \`bench/75-postgres.sh\`: the release server on SQLite and on a throwaway PostgreSQL 15 cluster (fsync on) on the
 same machine, one after the other with the same flags. (a) \`wrk -t2 -c32 -d$DURATION\` POSTs a 10-node job whose

@@ -103,7 +103,7 @@ for config in "${configs[@]}"; do
     [ "$config" = pg3rate ] && extra=(--host-rate '127.0.0.1=1000000/s')
     for ((n = 0; n < servers; n++)); do
         port=$(free_port)
-        "$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" --log-level error --max-active-jobs 1000000 \
+        "$BIN" serve --host 127.0.0.1 --port "$port" --db "$db" --max-active-jobs 1000000 \
             --max-per-host 4096 "${extra[@]+"${extra[@]}"}" 2>>"$tmp/server.log" &
         pids+=($!)
         spids+=($!)
@@ -201,7 +201,7 @@ echo "micro: SELECT 1 $us_select µs, slot $us_slot µs, rate $us_rate µs" >&2
 cat <<MD
 ## Several servers on one PostgreSQL
 
-Every jobserver here runs with \`--log-level error\`: no log line per request or state change, unlike the default (\`info\`); otherwise with the flags named below.
+Every jobserver here runs at the default log level (\`info\`, its log to a file), with the flags named below.
 
 \`bench/76-scaleout.sh\`: the $build server, one on SQLite and 1, 2 and 3 on one database of a throwaway
 PostgreSQL cluster (fsync on, default \`--lease-ttl\`), one configuration after the other with the same flags
