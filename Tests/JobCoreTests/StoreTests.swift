@@ -155,6 +155,30 @@ class StoreTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreT
         XCTAssertEqual(try store.jobWithoutRequest(id: job.id)?.name, "\u{0}")
     }
 
+    /// A map's copies are stored with its items, or (SQLite) with their first change or their job's end; a map
+    /// whose items cannot be stored (here its node's items are stored already) leaves no row of its copies, which a
+    /// restart could not line up with the graph.
+    func testAMapExpansionThatFailsLeavesNoRowOfItsCopies() throws {
+        let store = try makeStore()
+        defer { store.close() }
+        var job = try create(store, 1, state: .running, nodes: 1)
+        let copy = { (id: String, position: Int) in
+            NodeRecord(jobID: job.id, id: id, parent: "root", position: position, type: "fetch")
+        }
+        let first = MapExpansionRecord(jobID: job.id, nodeID: "root", firstPosition: 1, items: [1], nodes: [copy("root.a", 1)])
+        try waitForCompletion { done in store.expandMap(first, done) }.get()
+        let again = MapExpansionRecord(jobID: job.id, nodeID: "root", firstPosition: 2, items: [2], nodes: [copy("root.b", 2)])
+        XCTAssertThrowsError(try waitForCompletion { done in store.expandMap(again, done) }.get())
+        // The job ends: every row still waiting is written with it.
+        job.state = .failed
+        job.finishedAt = job.createdAt + 1
+        job.version += 1
+        store.enqueue(jobs: [job], nodes: [], bodies: [])
+        try store.flush()
+        XCTAssertEqual(try store.nodes(jobID: job.id, includeResults: false).map(\.id).sorted(), ["root", "root.a"])
+        XCTAssertEqual(try store.mapExpansions(jobID: job.id).map(\.firstPosition), [1])
+    }
+
     func testNullResultStaysDistinctFromNoResult() throws {
         let store = try makeStore()
         defer { store.close() }

@@ -139,11 +139,11 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     /// job's do (`PendingChanges.unchanged`): queued before the items, so before any change made to a copy, they say
     /// nothing the items do not, and `Engine.rebuild` makes them again from the items. A map of 1,000 copies then
     /// starts them as much sooner as inserting 1,000 rows takes.
+    /// If the items cannot be committed, their copies' rows waiting so are dropped: without the items a restart
+    /// could not line them up with the graph.
     public func expandMap(_ expansion: MapExpansionRecord, _ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
-        var items = expansion
-        items.nodes = []
         enqueue(unstoredNodes: expansion.nodes)
-        queue.push(answering: completion) { .expand(items, $0) }
+        queue.push(answering: completion) { .expand(expansion, $0) }
     }
 
     /// The expansions of a job's maps, in the order they were made (their copies' first position).
@@ -753,6 +753,11 @@ struct PendingChanges {
         unchanged[jobID] = nil
     }
 
+    /// Forgets the unchanged row of node `position` of job `jobID`, if it is there.
+    mutating func forgetUnchanged(jobID: String, position: Int) {
+        _ = takeUnchanged(jobID: jobID, position: position)
+    }
+
     mutating func removeAll() {
         jobs.removeAll(keepingCapacity: true)
         nodes.removeAll(keepingCapacity: true)
@@ -1171,7 +1176,10 @@ final class StoreWriter: @unchecked Sendable {
         case .create(_, let ticket): ticket.complete(.failure(error))
         case .delete(_, let ticket): ticket.complete(.failure(error))
         case .sweep(_, _, let ticket): ticket.complete(.failure(error))
-        case .expand(_, let ticket): ticket.complete(.failure(error))
+        case .expand(let expansion, let ticket):
+            // Its copies' rows wait in `unchanged` (`expandMap`); those a change has not taken out go with the items.
+            for node in expansion.nodes { pending.forgetUnchanged(jobID: expansion.jobID, position: node.position) }
+            ticket.complete(.failure(error))
         case .barrier(let ticket):
             // Nothing queued before it is left unwritten: the failure was another op's.
             if pending.isEmpty { answer(ticket) } else { ticket.complete(.failure(error)) }
@@ -1236,6 +1244,7 @@ final class StoreWriter: @unchecked Sendable {
         return .created(job)
     }
 
+    /// The items' row only: the copies' rows wait for their first change (`expandMap`).
     private func insert(_ expansion: MapExpansionRecord) throws {
         let items = try db.prepare(
             "INSERT INTO map_items (job_id, node_id, first_position, items) SELECT ?1, ?2, ?3, ?4 "
