@@ -124,7 +124,7 @@ fi
 pct() { sort -n "$1" | awk -v p="$2" '{v[NR] = $1} END {i = int(NR * p / 100 + 0.999999); if (i < 1) i = 1; printf "%.2f", v[i]}'; }
 
 rows=""
-starts=(); p50s=(); p99s=(); maxs=(); lates=(); nices=()
+starts=(); p50s=(); p99s=(); maxs=(); nices=()
 for run in $(seq 1 "$RUNS"); do
     start_ns=$(date +%s%N)
     serve &
@@ -162,7 +162,7 @@ PY
     samples=$(wc -l <"$tmp/healthz.$run")
     p50=$(pct "$tmp/healthz.$run" 50); p99=$(pct "$tmp/healthz.$run" 99); max=$(pct "$tmp/healthz.$run" 100)
     late=$(pct "$tmp/healthz.$run.late" 99); nice=$(cat "$tmp/healthz.$run.nice")
-    starts+=("$startup_ms"); p50s+=("$p50"); p99s+=("$p99"); maxs+=("$max"); lates+=("$late"); nices+=("$nice")
+    starts+=("$startup_ms"); p50s+=("$p50"); p99s+=("$p99"); maxs+=("$max"); nices+=("$nice")
     read -r m_n _ <"$tmp/metrics.$run"; read -r f_n _ <"$tmp/failed.$run"
     read -r c_n _ c_deep <"$tmp/cursor.$run"; read -r b_n _ <"$tmp/big.$run"; read -r n_n _ <"$tmp/nodes.$run"
     echo "run $run: start-up $startup_ms ms; /healthz p50 $p50 p99 $p99 max $max ms ($samples samples," \
