@@ -240,7 +240,7 @@ public final class Engine: @unchecked Sendable {
         // The copies of the maps that had expanded come after the submitted nodes, as they were made: made again from
         // the items stored for each, whether or not any copy's row is stored yet (on SQLite a copy's row waits for its
         // first change).
-        if spec.graph.nodes.contains(where: { if case .map = $0.kind { true } else { false } }) {
+        if spec.graph.hasMaps {
             try MapExpansion.restore(store.mapExpansions(jobID: job.id), into: &spec.graph)
         }
         // A node's row may be missing: stopped between the job's commit and its node rows' (`createJob`), or a row

@@ -82,12 +82,15 @@ public final class MapCopy: Equatable, Sendable {
 }
 
 extension JobGraph {
+    /// Whether any node is a `map`.
+    var hasMaps: Bool {
+        nodes.contains(where: { if case .map = $0.kind { return true } else { return false } })
+    }
+
     /// The graph with each map's template taken out into its `MapSpec` (recursively, for maps inside templates);
     /// in the graph a map has the template's root as its only child, as the validator built it.
     func extractingTemplates() -> JobGraph {
-        guard nodes.contains(where: { if case .map = $0.kind { return true } else { return false } }) else {
-            return self
-        }
+        guard hasMaps else { return self }
         return JobGraph(nodes: extract(root: 0, suffixes: nil))
     }
 
