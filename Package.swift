@@ -27,8 +27,9 @@ let package = Package(
             providers: [.apt(["libpq-dev"])]
         ),
         .systemLibrary(name: "CHTTPLinux"),
+        .systemLibrary(name: "CThreadsLinux"),
         // The one lock type and the one thread starter, shared by every module.
-        .target(name: "Threads"),
+        .target(name: "Threads", dependencies: ["CThreadsLinux"]),
         .target(name: "HTTPServer", dependencies: ["CHTTPLinux", "Threads"]),
         .target(name: "JobCore", dependencies: ["CCurl", "CSQLite", "CPostgres", "Threads"], linkerSettings: [.linkedLibrary("m")]),
         .executableTarget(name: "JobServer", dependencies: ["HTTPServer", "JobCore", "CCurl", "Threads"]),

@@ -3,6 +3,9 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
+#if os(Linux)
+import CThreadsLinux
+#endif
 
 /// Why a thread did not start: the `pthread_*` call and its error number.
 public struct ThreadStartError: Error, CustomStringConvertible {
@@ -14,10 +17,12 @@ public struct ThreadStartError: Error, CustomStringConvertible {
 private final class ThreadBody {
     let name: String
     let nice: Int32?
+    let sliceMicroseconds: Int?
     let body: () -> Void
-    init(name: String, nice: Int32?, body: @escaping () -> Void) {
+    init(name: String, nice: Int32?, sliceMicroseconds: Int?, body: @escaping () -> Void) {
         self.name = name
         self.nice = nice
+        self.sliceMicroseconds = sliceMicroseconds
         self.body = body
     }
 }
@@ -29,8 +34,10 @@ private final class ThreadBody {
 /// and the store's writer block in epoll, curl and fsync, and must not sit on a shared pool.
 /// The caller joins the returned thread with `pthread_join` (once) or lets it run for the process's life.
 /// With `niceIncrement`, the thread runs that many nice steps below the thread that starts it (at most 19).
+/// With `sliceMicroseconds`, it asks for that time slice (`requestCurrentThreadTimeSlice`).
 public func startThread(
-    name: String, stackSize: Int? = nil, niceIncrement: Int32 = 0, _ body: @escaping () -> Void
+    name: String, stackSize: Int? = nil, niceIncrement: Int32 = 0, sliceMicroseconds: Int? = nil,
+    _ body: @escaping () -> Void
 ) throws(ThreadStartError) -> pthread_t {
     var attributes = pthread_attr_t()
     pthread_attr_init(&attributes)
@@ -40,13 +47,16 @@ public func startThread(
         guard rc == 0 else { throw ThreadStartError(call: "pthread_attr_setstacksize", errno: rc) }
     }
     let nice = niceIncrement > 0 ? min(19, currentThreadNice() + niceIncrement) : nil
-    let box = Unmanaged.passRetained(ThreadBody(name: name, nice: nice, body: body)).toOpaque()
+    let box = Unmanaged.passRetained(
+        ThreadBody(name: name, nice: nice, sliceMicroseconds: sliceMicroseconds, body: body)
+    ).toOpaque()
     var thread = pthread_t()
     let rc = pthread_create(&thread, &attributes, { argument in
         guard let argument else { return nil }
         let body = Unmanaged<ThreadBody>.fromOpaque(argument).takeRetainedValue()
         setCurrentThreadName(body.name)
         if let nice = body.nice { lowerCurrentThreadPriority(to: nice) }
+        if let slice = body.sliceMicroseconds { requestCurrentThreadTimeSlice(microseconds: slice) }
         body.body()
         return nil
     }, box)
@@ -97,6 +107,42 @@ public func lowerCurrentThreadPriority(to nice: Int32) {
 }
 
 // MARK: - Idle priority
+
+// MARK: - Time slice
+
+/// Asks the kernel to run the calling thread in slices of `microseconds` (Linux 6.12 and later clamp it to
+/// 100 µs – 100 ms), keeping its class and nice value. Under the fair scheduler (EEVDF) a thread's deadline is its
+/// slice after its eligible time, so a thread with a short slice runs sooner when it wakes among busy threads; its
+/// share of the CPU is its nice value's as before. For threads that wake often and run briefly, such as an event
+/// loop answering a request. Only a thread in the normal or batch class asks; a kernel without custom slices takes
+/// the value and keeps its own (before 6.12), or refuses it: either way the thread runs on as it was. Returns
+/// whether the kernel took the request.
+@discardableResult
+public func requestCurrentThreadTimeSlice(microseconds: Int) -> Bool {
+    #if os(Linux)
+    var attributes = cthreads_sched_attr()
+    guard microseconds > 0, cthreads_get_attr(&attributes) == 0 else { return false }
+    // SCHED_OTHER (0) and SCHED_BATCH (3): the fair classes a slice applies to.
+    guard attributes.sched_policy == 0 || attributes.sched_policy == 3 else { return false }
+    attributes.sched_flags = 0
+    attributes.sched_runtime = UInt64(microseconds) * 1000
+    return cthreads_set_attr(&attributes) == 0
+    #else
+    return false
+    #endif
+}
+
+/// The calling thread's time slice in nanoseconds, as the kernel reports it (`sched_getattr`): the slice asked for
+/// after `requestCurrentThreadTimeSlice` on a kernel that keeps it; `nil` where it cannot be read.
+public func currentThreadTimeSliceNanoseconds() -> UInt64? {
+    #if os(Linux)
+    var attributes = cthreads_sched_attr()
+    guard cthreads_get_attr(&attributes) == 0 else { return nil }
+    return attributes.sched_runtime
+    #else
+    return nil
+    #endif
+}
 
 /// A thread's id as the kernel knows it (Linux `gettid`), for setting another thread's priority; 0 elsewhere.
 /// Glibc declares `gettid` only under `_GNU_SOURCE`, so it is looked up once at run time, like `pthread_setname_np`.

@@ -2,6 +2,7 @@ import Foundation
 import XCTest
 @testable import HTTPServer
 import TestSupport
+import Threads
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -30,6 +31,27 @@ final class HTTPServerLifecycleTests: XCTestCase {
         XCTAssertEqual(try client.readResponse().status, 200, "the second send wrote nothing")
         let later = try curl(["\(server.base)/later?ms=30"])
         XCTAssertEqual(later.stdout, "later")
+    }
+
+    func testHandlersRunOnLoopsWithTheTimeSliceTheyAskFor() throws {
+        let server = try TestServer(extraRoutes: { router in
+            router.add("GET", "/slice") { _, responder in
+                let slice = currentThreadTimeSliceNanoseconds().map(String.init) ?? "unknown"
+                responder.send(HTTPResponse(status: 200, body: Array(slice.utf8)))
+            }
+        })
+        defer { server.stop() }
+        // What a thread that asks for the loops' slice runs with here: the slice itself on Linux 6.12 and later.
+        let asked = Locked<String>("")
+        let thread = try startThread(name: "slice-ref", sliceMicroseconds: HTTPServer.loopSliceMicroseconds) {
+            let slice = currentThreadTimeSliceNanoseconds().map(String.init) ?? "unknown"
+            asked.withLock { $0 = slice }
+        }
+        XCTAssertEqual(pthread_join(thread, nil), 0)
+        // Several connections, so that every loop is likely to answer one.
+        for _ in 0..<8 {
+            XCTAssertEqual(try curl(["\(server.base)/slice"]).stdout, asked.withLock { $0 })
+        }
     }
 
     func testOnCloseIsCalledWhenClientDisconnectsBeforeSend() throws {

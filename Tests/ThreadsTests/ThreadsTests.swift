@@ -61,6 +61,35 @@ final class ThreadsTests: XCTestCase {
         XCTAssertFalse(IdlePriority.set(true, thread: 0), "no thread 0")
     }
 
+    func testASliceAskedForIsTheThreadsOwnAndKeepsItsNiceValue() throws {
+        try XCTSkipUnless(kernelKeepsCustomSlices(), "custom time slices need Linux 6.12 or later")
+        let starterSlice = currentThreadTimeSliceNanoseconds()
+        let starterNice = currentThreadNice()
+        let seen = Locked<[String]>([])
+        let thread = try startThread(name: "slice-test", niceIncrement: 3, sliceMicroseconds: 100) {
+            var steps = ["slice \(currentThreadTimeSliceNanoseconds().map(String.init) ?? "unknown")"]
+            steps.append("nice \(currentThreadNice() - starterNice)")
+            steps.append("asked 2 ms \(requestCurrentThreadTimeSlice(microseconds: 2000))")
+            steps.append("slice \(currentThreadTimeSliceNanoseconds().map(String.init) ?? "unknown")")
+            steps.append("asked 0 \(requestCurrentThreadTimeSlice(microseconds: 0))")
+            seen.withLock { $0 = steps }
+        }
+        XCTAssertEqual(pthread_join(thread, nil), 0)
+        XCTAssertEqual(
+            seen.withLock { $0 }, ["slice 100000", "nice 3", "asked 2 ms true", "slice 2000000", "asked 0 false"])
+        XCTAssertEqual(currentThreadTimeSliceNanoseconds(), starterSlice, "only that thread moved")
+    }
+
+    /// Whether the running kernel keeps a thread's own slice (EEVDF custom slices, Linux 6.12).
+    private func kernelKeepsCustomSlices() -> Bool {
+        var names = utsname()
+        uname(&names)
+        let release = withUnsafeBytes(of: &names.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+        let parts = release.split(whereSeparator: { !$0.isNumber }).prefix(2).compactMap { Int($0) }
+        guard parts.count == 2 else { return false }
+        return (parts[0], parts[1]) >= (6, 12)
+    }
+
     func testAStackSizeTheSystemRefusesIsAnErrorNotACrash() {
         XCTAssertThrowsError(try startThread(name: "too-small", stackSize: 1) {}) { error in
             XCTAssertEqual((error as? ThreadStartError)?.call, "pthread_attr_setstacksize")
