@@ -106,8 +106,6 @@ public func lowerCurrentThreadPriority(to nice: Int32) {
     #endif
 }
 
-// MARK: - Idle priority
-
 // MARK: - Time slice
 
 /// Asks the kernel to run the calling thread in slices of `microseconds` (Linux 6.12 and later clamp it to
@@ -143,6 +141,8 @@ public func currentThreadTimeSliceNanoseconds() -> UInt64? {
     return nil
     #endif
 }
+
+// MARK: - Idle priority
 
 /// A thread's id as the kernel knows it (Linux `gettid`), for setting another thread's priority; 0 elsewhere.
 /// Glibc declares `gettid` only under `_GNU_SOURCE`, so it is looked up once at run time, like `pthread_setname_np`.
