@@ -742,7 +742,9 @@ struct PendingChanges {
 
     /// Takes the row of node `position` of job `jobID` out of `unchanged`, and the job with it once it has none
     /// left; false if the row was not there. One lookup of the job: this runs for every node change the writer takes.
-    private mutating func takeUnchanged(jobID: String, position: Int) -> Bool {
+    /// The writer also calls it to drop the rows of a map expansion it could not commit.
+    @discardableResult
+    mutating func takeUnchanged(jobID: String, position: Int) -> Bool {
         guard let k = unchanged.index(forKey: jobID), unchanged.values[k].take(position) else { return false }
         if unchanged.values[k].isEmpty { unchanged.remove(at: k) }
         return true
@@ -751,11 +753,6 @@ struct PendingChanges {
     /// Forgets the unchanged rows of a deleted job.
     mutating func forgetUnchanged(jobID: String) {
         unchanged[jobID] = nil
-    }
-
-    /// Forgets the unchanged row of node `position` of job `jobID`, if it is there.
-    mutating func forgetUnchanged(jobID: String, position: Int) {
-        _ = takeUnchanged(jobID: jobID, position: position)
     }
 
     mutating func removeAll() {
@@ -1178,7 +1175,7 @@ final class StoreWriter: @unchecked Sendable {
         case .sweep(_, _, let ticket): ticket.complete(.failure(error))
         case .expand(let expansion, let ticket):
             // Its copies' rows wait in `unchanged` (`expandMap`); those a change has not taken out go with the items.
-            for node in expansion.nodes { pending.forgetUnchanged(jobID: expansion.jobID, position: node.position) }
+            for node in expansion.nodes { pending.takeUnchanged(jobID: expansion.jobID, position: node.position) }
             ticket.complete(.failure(error))
         case .barrier(let ticket):
             // Nothing queued before it is left unwritten: the failure was another op's.
