@@ -11,7 +11,14 @@ public struct Logger: Sendable {
     /// How much to say.
     public enum Level: Int, Sendable, Comparable {
         case debug = 0, info, warning, error
-        var name: String { ["debug", "info", "warning", "error"][rawValue] }
+        var name: StaticString {
+            switch self {
+            case .debug: "debug"
+            case .info: "info"
+            case .warning: "warning"
+            case .error: "error"
+            }
+        }
         public static func < (a: Level, b: Level) -> Bool { a.rawValue < b.rawValue }
     }
 
@@ -48,18 +55,48 @@ public struct Logger: Sendable {
     public func error(_ message: String, _ fields: KeyValuePairs<String, JSONValue> = [:]) { log(.error, message, fields) }
 
     /// Writes `{"ts":…,"level":…,"logger":…,"msg":…, fields…}` if `level` is enabled.
+    ///
+    /// The line is written straight into one buffer sized from its parts, as `JSONValue.bytes` writes a value: at the
+    /// default level every request logs one. Making the object first (an array of members, the timestamp as a
+    /// string, then its text) took 6.1–6.5 % of the server's CPU samples while wrk read a settled job; this takes
+    /// 3.7–3.9 % (perf, two runs each).
     public func log(_ level: Level, _ message: String, _ fields: KeyValuePairs<String, JSONValue>) {
         guard level >= minimumLevel else { return }
-        var members = [
-            JSONMember("ts", .string(Timestamp.format(Timestamp.nowMs()))),
-            JSONMember("level", .string(level.name)),
-            JSONMember("logger", .string(label)),
-            JSONMember("msg", .string(message)),
-        ]
-        for (key, value) in fields { members.append(JSONMember(key, value)) }
-        var line = JSONValue.object(members).bytes
-        line.append(0x0A)
-        sink(level, line)
+        let ms = Timestamp.nowMs()
+        var unescaped = 64 + label.utf8.count + message.utf8.count
+        for (key, value) in fields { unescaped += key.utf8.count + 4 + value.unescapedByteCount }
+        var capacity = unescaped + unescaped / 64 + 16
+        while true {
+            var needed = 0
+            let line = [UInt8](unsafeUninitializedCapacity: capacity) { buffer, initialized in
+                var out = ByteSink(buffer)
+                out.append("{\"ts\":")
+                if ms >= 0, ms < Timestamp.endOfYear9999Ms {
+                    out.append(UInt8(ascii: "\""))
+                    out.append(count: Timestamp.formattedCount) { Timestamp.write(ms, to: $0) }
+                    out.append(UInt8(ascii: "\""))
+                } else {
+                    JSONValue.writeString(Timestamp.formatAnyYear(ms), to: &out)
+                }
+                out.append(",\"level\":\"")
+                out.append(level.name)
+                out.append("\",\"logger\":")
+                JSONValue.writeString(label, to: &out)
+                out.append(",\"msg\":")
+                JSONValue.writeString(message, to: &out)
+                for (key, value) in fields {
+                    out.append(UInt8(ascii: ","))
+                    JSONValue.writeString(key, to: &out)
+                    out.append(UInt8(ascii: ":"))
+                    value.write(to: &out)
+                }
+                out.append("}\n")
+                needed = out.needed
+                initialized = out.fits ? out.needed : 0
+            }
+            if needed <= capacity { return sink(level, line) }
+            capacity = needed
+        }
     }
 }
 
@@ -98,7 +135,20 @@ public enum Timestamp {
     /// civil-from-days), other instants through `gmtime_r`: every log line has a timestamp, and `gmtime_r` takes
     /// glibc's time zone lock, which the threads that log then took in turn.
     public static func format(_ ms: Int64) -> String {
-        guard ms >= 0, ms < 253_402_300_800_000 else { return formatAnyYear(ms) }
+        guard ms >= 0, ms < endOfYear9999Ms else { return formatAnyYear(ms) }
+        return String(unsafeUninitializedCapacity: formattedCount) { text in
+            if let start = text.baseAddress { write(ms, to: start) }
+            return formattedCount
+        }
+    }
+
+    /// The length of `format`'s text from 1970 to the year 9999.
+    static let formattedCount = 24
+    /// 10000-01-01T00:00:00Z: `write` takes instants before it (and from 1970).
+    static let endOfYear9999Ms: Int64 = 253_402_300_800_000
+
+    /// Writes `format(ms)`, `formattedCount` bytes, from `start`; for `ms` from 0 to before `endOfYear9999Ms`.
+    static func write(_ ms: Int64, to start: UnsafeMutablePointer<UInt8>) {
         let days = ms / 86_400_000
         let msOfDay = ms % 86_400_000
         let z = days + 719_468
@@ -110,30 +160,27 @@ public enum Timestamp {
         let day = doy - (153 * mp + 2) / 5 + 1
         let month = mp < 10 ? mp + 3 : mp - 9
         let year = yoe + era * 400 + (month <= 2 ? 1 : 0)
-        return String(unsafeUninitializedCapacity: 24) { text in
-            func put(_ value: Int64, at start: Int, width: Int) {
-                var value = value
-                for k in stride(from: start + width - 1, through: start, by: -1) {
-                    text[k] = UInt8(truncatingIfNeeded: 0x30 + value % 10)
-                    value /= 10
-                }
+        func put(_ value: Int64, at offset: Int, width: Int) {
+            var value = value
+            for k in stride(from: offset + width - 1, through: offset, by: -1) {
+                start[k] = UInt8(truncatingIfNeeded: 0x30 + value % 10)
+                value /= 10
             }
-            put(year, at: 0, width: 4)
-            text[4] = UInt8(ascii: "-")
-            put(month, at: 5, width: 2)
-            text[7] = UInt8(ascii: "-")
-            put(day, at: 8, width: 2)
-            text[10] = UInt8(ascii: "T")
-            put(msOfDay / 3_600_000, at: 11, width: 2)
-            text[13] = UInt8(ascii: ":")
-            put(msOfDay / 60_000 % 60, at: 14, width: 2)
-            text[16] = UInt8(ascii: ":")
-            put(msOfDay / 1000 % 60, at: 17, width: 2)
-            text[19] = UInt8(ascii: ".")
-            put(msOfDay % 1000, at: 20, width: 3)
-            text[23] = UInt8(ascii: "Z")
-            return 24
         }
+        put(year, at: 0, width: 4)
+        start[4] = UInt8(ascii: "-")
+        put(month, at: 5, width: 2)
+        start[7] = UInt8(ascii: "-")
+        put(day, at: 8, width: 2)
+        start[10] = UInt8(ascii: "T")
+        put(msOfDay / 3_600_000, at: 11, width: 2)
+        start[13] = UInt8(ascii: ":")
+        put(msOfDay / 60_000 % 60, at: 14, width: 2)
+        start[16] = UInt8(ascii: ":")
+        put(msOfDay / 1000 % 60, at: 17, width: 2)
+        start[19] = UInt8(ascii: ".")
+        put(msOfDay % 1000, at: 20, width: 3)
+        start[23] = UInt8(ascii: "Z")
     }
 
     /// `format` for any instant, through `gmtime_r`: before 1970 and from the year 10000 on.

@@ -134,6 +134,44 @@ final class LoggerTests: XCTestCase {
         XCTAssertEqual(text, lines.map { String(decoding: $0, as: UTF8.self) }.joined())
     }
 
+    /// A line is the JSON object of its parts, in order, every string escaped, and a newline: read back, it is the
+    /// object made of them. The message with many escapes is longer than the size guessed from its unescaped
+    /// length, so its line is written a second time at the size the first pass counted.
+    func testALineIsTheObjectOfItsPartsInOrderWithEveryStringEscaped() throws {
+        let lines = Watched<[[UInt8]]>([])
+        let logger = Logger(label: "lab\"el", minimumLevel: .debug) { line in lines.withLock { $0.append(line) } }
+        let fields: KeyValuePairs<String, JSONValue> = [
+            "n": .int(3), "quoted \"key\"": .string("tab\t, nul \u{0}, é, 😀"),
+            "nested": .object([JSONMember("list", .array([.null, .bool(true), .double(1.5)]))]),
+        ]
+        let messages = ["plain", "say \"hi\"\nand\\go", String(repeating: "\u{1}", count: 300)]
+        let levels: [Logger.Level] = [.debug, .info, .warning, .error]
+        for (k, message) in messages.enumerated() { logger.log(levels[k + 1], message, fields) }
+        logger.log(.debug, "no fields", [:])
+        let written = lines.withLock { $0 }
+        XCTAssertEqual(written.count, 4)
+        for (k, line) in written.enumerated() {
+            XCTAssertEqual(line.last, 0x0A, "line \(k) ends with its newline")
+            XCTAssertEqual(line.filter { $0 == 0x0A }.count, 1, "line \(k) is one line")
+            guard case .object(let members) = try JSONValue.parse(line.dropLast()) else { return XCTFail("line \(k) is no object") }
+            guard members.count >= 4, case .string(let ts) = members[0].value else { return XCTFail("line \(k): \(members)") }
+            XCTAssertEqual(members[0].key, "ts")
+            XCTAssertEqual(ts.count, 24, ts)
+            let digits = ts.split { "-T:.Z".contains($0) }.compactMap { Int($0) }
+            guard digits.count == 7 else { return XCTFail("line \(k): timestamp \(ts)") }
+            let ms = Timestamp.epochMs(
+                year: digits[0], month: digits[1], day: digits[2], hour: digits[3], minute: digits[4], second: digits[5])
+            XCTAssertEqual(Timestamp.format(ms + Int64(digits[6])), ts)
+            let level = k < 3 ? levels[k + 1] : .debug
+            var expected = [
+                JSONMember("level", .string("\(level.name)")), JSONMember("logger", .string("lab\"el")),
+                JSONMember("msg", .string(k < 3 ? messages[k] : "no fields")),
+            ]
+            if k < 3 { for (key, value) in fields { expected.append(JSONMember(key, value)) } }
+            XCTAssertEqual(Array(members.dropFirst()), expected, "line \(k)")
+        }
+    }
+
     func testTimestampsAreRFC3339InUTCWithMilliseconds() {
         let table: [(Int64, String)] = [
             (0, "1970-01-01T00:00:00.000Z"),

@@ -57,7 +57,7 @@ extension JSONValue {
     ///
     /// Values come from the parser (depth-limited) or from our own code, so
     /// the recursion here is bounded.
-    private func write(to sink: inout ByteSink) {
+    func write(to sink: inout ByteSink) {
         switch self {
         case .null: sink.append("null")
         case .bool(let b): sink.append(b ? "true" : "false")
@@ -90,7 +90,7 @@ extension JSONValue {
     ///
     /// Runs of bytes that need no escape are copied whole: results hold long strings (bodies of kilobytes or
     /// megabytes), and most of their text needs none.
-    private static func writeString(_ s: String, to sink: inout ByteSink) {
+    static func writeString(_ s: String, to sink: inout ByteSink) {
         sink.append(UInt8(ascii: "\""))
         s.withUTF8InPlace { writeEscaped($0, to: &sink) }
         sink.append(UInt8(ascii: "\""))
@@ -158,7 +158,7 @@ extension JSONValue: CustomStringConvertible {
 
 /// Where `JSONValue.bytes` writes: a buffer of fixed capacity that counts every byte given to it, and keeps them only
 /// while they fit, so that a text longer than the buffer is measured by the same pass that found it too long.
-private struct ByteSink {
+struct ByteSink {
     private let base: UnsafeMutablePointer<UInt8>?
     private let capacity: Int
     /// Bytes given so far, kept or not.
@@ -189,6 +189,18 @@ private struct ByteSink {
         text.withUTF8InPlace { bytes in
             if let start = bytes.baseAddress { append(start, count: bytes.count) }
         }
+    }
+
+    mutating func append(_ text: StaticString) {
+        text.withUTF8Buffer { bytes in
+            if let start = bytes.baseAddress { append(start, count: bytes.count) }
+        }
+    }
+
+    /// Gives `count` bytes, which `fill` writes from the pointer it is passed if they fit (else it is not called).
+    mutating func append(count: Int, _ fill: (UnsafeMutablePointer<UInt8>) -> Void) {
+        if count <= capacity - needed, let base { fill(base + needed) }
+        needed += count
     }
 }
 
