@@ -118,8 +118,7 @@ public func lowerCurrentThreadPriority(to nice: Int32) {
 @discardableResult
 public func requestCurrentThreadTimeSlice(microseconds: Int) -> Bool {
     #if os(Linux)
-    var attributes = cthreads_sched_attr()
-    guard microseconds > 0, cthreads_get_attr(&attributes) == 0 else { return false }
+    guard microseconds > 0, var attributes = currentSchedulingAttributes() else { return false }
     // SCHED_OTHER (0) and SCHED_BATCH (3): the fair classes a slice applies to.
     guard attributes.sched_policy == 0 || attributes.sched_policy == 3 else { return false }
     attributes.sched_flags = 0
@@ -134,13 +133,19 @@ public func requestCurrentThreadTimeSlice(microseconds: Int) -> Bool {
 /// after `requestCurrentThreadTimeSlice` on a kernel that keeps it; `nil` where it cannot be read.
 public func currentThreadTimeSliceNanoseconds() -> UInt64? {
     #if os(Linux)
-    var attributes = cthreads_sched_attr()
-    guard cthreads_get_attr(&attributes) == 0 else { return nil }
-    return attributes.sched_runtime
+    return currentSchedulingAttributes()?.sched_runtime
     #else
     return nil
     #endif
 }
+
+#if os(Linux)
+/// The calling thread's scheduling attributes (`sched_getattr`); `nil` if the kernel will not say.
+private func currentSchedulingAttributes() -> cthreads_sched_attr? {
+    var attributes = cthreads_sched_attr()
+    return cthreads_get_attr(&attributes) == 0 ? attributes : nil
+}
+#endif
 
 // MARK: - Idle priority
 
