@@ -195,9 +195,9 @@ toward the oldest (deepest page reached in brackets), the big job, and its \`nod
 
 The probing client asks for nice $PROBE_NICE (\`BENCH_PROBE_NICE\`; granted to root or with \`CAP_SYS_NICE\`, else it
 runs at its own and the text above says so). The latency it reports is the server's answer and the client's own
-turns: on two cores shared with the server and five loading clients, a probe at nice 0 woke from its sleep and
-sent 2.65–3.00 ms late at p99 (5 runs at \`d9b4dee\`), time counted as \`/healthz\` latency since each probe is timed from when it was due.
-*probe late p99* is what remains of that wait: how late the probe sent though the answer before had come in time.
+turns: on two cores shared with the server and five loading clients, a probe waits for the CPU after its sleep,
+and that wait counts as \`/healthz\` latency, since each probe is timed from when it was due. *probe late p99* is
+that wait: how late the probe sent though the answer before had come in time.
 
 | run | start-up ms | probes | /healthz p50 ms | p99 ms | max ms | probe late p99 ms | /metrics | failed lists | cursor pages | big job | big nodes |
 |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|
