@@ -65,38 +65,30 @@ public struct Logger: Sendable {
         let ms = Timestamp.nowMs()
         var unescaped = 64 + label.utf8.count + message.utf8.count
         for (key, value) in fields { unescaped += key.utf8.count + 4 + value.unescapedByteCount }
-        var capacity = unescaped + unescaped / 64 + 16
-        while true {
-            var needed = 0
-            let line = [UInt8](unsafeUninitializedCapacity: capacity) { buffer, initialized in
-                var out = ByteSink(buffer)
-                out.append("{\"ts\":")
-                if ms >= 0, ms < Timestamp.endOfYear9999Ms {
-                    out.append(UInt8(ascii: "\""))
-                    out.append(count: Timestamp.formattedCount) { Timestamp.write(ms, to: $0) }
-                    out.append(UInt8(ascii: "\""))
-                } else {
-                    JSONValue.writeString(Timestamp.formatAnyYear(ms), to: &out)
-                }
-                out.append(",\"level\":\"")
-                out.append(level.name)
-                out.append("\",\"logger\":")
-                JSONValue.writeString(label, to: &out)
-                out.append(",\"msg\":")
-                JSONValue.writeString(message, to: &out)
-                for (key, value) in fields {
-                    out.append(UInt8(ascii: ","))
-                    JSONValue.writeString(key, to: &out)
-                    out.append(UInt8(ascii: ":"))
-                    value.write(to: &out)
-                }
-                out.append("}\n")
-                needed = out.needed
-                initialized = out.fits ? out.needed : 0
+        let line = ByteSink.bytes(unescapedCount: unescaped) { out in
+            out.append("{\"ts\":")
+            if ms >= 0, ms < Timestamp.endOfYear9999Ms {
+                out.append(UInt8(ascii: "\""))
+                out.append(count: Timestamp.formattedCount) { Timestamp.write(ms, to: $0) }
+                out.append(UInt8(ascii: "\""))
+            } else {
+                JSONValue.writeString(Timestamp.formatAnyYear(ms), to: &out)
             }
-            if needed <= capacity { return sink(level, line) }
-            capacity = needed
+            out.append(",\"level\":\"")
+            out.append(level.name)
+            out.append("\",\"logger\":")
+            JSONValue.writeString(label, to: &out)
+            out.append(",\"msg\":")
+            JSONValue.writeString(message, to: &out)
+            for (key, value) in fields {
+                out.append(UInt8(ascii: ","))
+                JSONValue.writeString(key, to: &out)
+                out.append(UInt8(ascii: ":"))
+                value.write(to: &out)
+            }
+            out.append("}\n")
         }
+        sink(level, line)
     }
 }
 

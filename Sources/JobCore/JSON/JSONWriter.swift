@@ -8,19 +8,7 @@ extension JSONValue {
     /// The size is the text's without escapes and a margin for them; a text that needs more (many escapes) is
     /// written once more at the size the first pass counted.
     public var bytes: [UInt8] {
-        let unescaped = unescapedByteCount
-        var capacity = unescaped + unescaped / 64 + 16
-        while true {
-            var needed = 0
-            let out = [UInt8](unsafeUninitializedCapacity: capacity) { buffer, initialized in
-                var sink = ByteSink(buffer)
-                write(to: &sink)
-                needed = sink.needed
-                initialized = sink.fits ? sink.needed : 0
-            }
-            if needed <= capacity { return out }
-            capacity = needed
-        }
+        ByteSink.bytes(unescapedCount: unescapedByteCount) { write(to: &$0) }
     }
 
     /// The length of the compact text if no string needed an escape: a lower bound, found without writing.
@@ -167,6 +155,23 @@ struct ByteSink {
     init(_ buffer: UnsafeMutableBufferPointer<UInt8>) {
         base = buffer.baseAddress
         capacity = buffer.count
+    }
+
+    /// What `write` gives its sink, as an array sized once: `unescapedCount` (the text's length if no string needed
+    /// an escape) and a margin for escapes; a text that needs more is written once more at the size counted.
+    static func bytes(unescapedCount: Int, _ write: (inout ByteSink) -> Void) -> [UInt8] {
+        var capacity = unescapedCount + unescapedCount / 64 + 16
+        while true {
+            var needed = 0
+            let out = [UInt8](unsafeUninitializedCapacity: capacity) { buffer, initialized in
+                var sink = ByteSink(buffer)
+                write(&sink)
+                needed = sink.needed
+                initialized = sink.fits ? sink.needed : 0
+            }
+            if needed <= capacity { return out }
+            capacity = needed
+        }
     }
 
     /// Whether every byte given was kept.
