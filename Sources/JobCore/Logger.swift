@@ -67,13 +67,7 @@ public struct Logger: Sendable {
         for (key, value) in fields { unescaped += key.utf8.count + 4 + value.unescapedByteCount }
         let line = ByteSink.bytes(unescapedCount: unescaped) { out in
             out.append("{\"ts\":")
-            if ms >= 0, ms < Timestamp.endOfYear9999Ms {
-                out.append(UInt8(ascii: "\""))
-                out.append(count: Timestamp.formattedCount) { Timestamp.write(ms, to: $0) }
-                out.append(UInt8(ascii: "\""))
-            } else {
-                JSONValue.writeString(Timestamp.formatAnyYear(ms), to: &out)
-            }
+            Timestamp.writeQuoted(ms, to: &out)
             out.append(",\"level\":\"")
             out.append(level.name)
             out.append("\",\"logger\":")
@@ -134,13 +128,22 @@ public enum Timestamp {
         }
     }
 
+    /// Writes `format(ms)` to `sink` as a JSON string, its digits in place (no `String` made) from 1970 to the
+    /// year 9999.
+    static func writeQuoted(_ ms: Int64, to sink: inout ByteSink) {
+        guard ms >= 0, ms < endOfYear9999Ms else { return JSONValue.writeString(formatAnyYear(ms), to: &sink) }
+        sink.append(UInt8(ascii: "\""))
+        sink.append(count: formattedCount) { write(ms, to: $0) }
+        sink.append(UInt8(ascii: "\""))
+    }
+
     /// The length of `format`'s text from 1970 to the year 9999.
-    static let formattedCount = 24
+    private static let formattedCount = 24
     /// 10000-01-01T00:00:00Z: `write` takes instants before it (and from 1970).
-    static let endOfYear9999Ms: Int64 = 253_402_300_800_000
+    private static let endOfYear9999Ms: Int64 = 253_402_300_800_000
 
     /// Writes `format(ms)`, `formattedCount` bytes, from `start`; for `ms` from 0 to before `endOfYear9999Ms`.
-    static func write(_ ms: Int64, to start: UnsafeMutablePointer<UInt8>) {
+    private static func write(_ ms: Int64, to start: UnsafeMutablePointer<UInt8>) {
         let days = ms / 86_400_000
         let msOfDay = ms % 86_400_000
         let z = days + 719_468

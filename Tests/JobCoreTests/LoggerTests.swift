@@ -172,6 +172,15 @@ final class LoggerTests: XCTestCase {
         }
     }
 
+    /// The timestamp a line starts with is `format`'s text as a JSON string, whether its digits are written in place
+    /// (1970 to the year 9999) or come from `gmtime_r`.
+    func testATimestampWrittenQuotedIsTheFormattedTextAsAJSONString() {
+        for ms: Int64 in [0, 1_798_798_288_123, 253_402_300_799_999, 253_402_300_800_000, -1_000] {
+            let written = ByteSink.bytes(unescapedCount: 26) { Timestamp.writeQuoted(ms, to: &$0) }
+            XCTAssertEqual(written, JSONValue.string(Timestamp.format(ms)).bytes, "\(ms)")
+        }
+    }
+
     func testTimestampsAreRFC3339InUTCWithMilliseconds() {
         let table: [(Int64, String)] = [
             (0, "1970-01-01T00:00:00.000Z"),
