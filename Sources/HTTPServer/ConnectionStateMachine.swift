@@ -36,8 +36,9 @@ struct ConnectionStateMachine {
         case bytesReceived(now: UInt64)
         /// A complete request went to its handler.
         case requestDispatched
-        /// The pending request's answer was queued; without keep-alive it is the last one.
-        case answerQueued(keepAlive: Bool)
+        /// The pending request's answer was queued (`bytes` of it: head and body); without keep-alive it is the
+        /// last one.
+        case answerQueued(keepAlive: Bool, bytes: Int = 0)
         /// An error answer that ends the connection was queued (a bad request or a timeout).
         case errorQueued
         /// Some queued bytes were written.
@@ -85,6 +86,10 @@ struct ConnectionStateMachine {
     /// Requests parsed whose answers are not written out yet: past this, parsing (and so reading) waits for
     /// the client to read, so that a client that pipelines and never reads costs a bounded amount of memory.
     static let maxAnswersInFlight = 16
+    /// The same bound in bytes: once this much of the answers is unwritten, the next request waits for the client
+    /// to read them all. A connection so holds at most one large answer (a settled job of 60 MB, asked for 16
+    /// times in one write, would otherwise be made and held 16 times over).
+    static let maxAnswerBytesInFlight = 1 << 20
     /// Received bytes not parsed yet above which reading stops (requests wait behind a pending one).
     static let maxBacklog = 64 * 1024
 
@@ -93,8 +98,9 @@ struct ConnectionStateMachine {
     private var headStart: UInt64
     private var lastActivity: UInt64
     private var requestsServed = 0
-    /// Answers queued since the output was last written out whole.
+    /// Answers queued since the output was last written out whole, and their bytes.
     private var answersInFlight = 0
+    private var answerBytesInFlight = 0
     private var probeSent = false
     private var timedOut = false
     /// A request was dispatched and its answer is not queued yet; later requests wait behind it.
@@ -113,9 +119,11 @@ struct ConnectionStateMachine {
     /// Received bytes are still to be parsed, now or later; false once the last answer is queued.
     var keepsInput: Bool { state == .open || state == .halfClosed }
 
-    /// Whether the parser may be fed now: no answer pending, not too many unwritten, not closing.
+    /// Whether the parser may be fed now: no answer pending, not too many unwritten (by count or bytes), not
+    /// closing.
     var mayParse: Bool {
-        !awaitsAnswer && answersInFlight < Self.maxAnswersInFlight && keepsInput
+        !awaitsAnswer && answersInFlight < Self.maxAnswersInFlight
+            && answerBytesInFlight < Self.maxAnswerBytesInFlight && keepsInput
     }
 
     /// Our side is shut down and the connection waits to close.
@@ -146,9 +154,10 @@ struct ConnectionStateMachine {
             precondition(!awaitsAnswer, "invalid state: a request dispatched while another awaits its answer")
             awaitsAnswer = true
             probeSent = false
-        case .answerQueued(let keepAlive):
+        case .answerQueued(let keepAlive, let bytes):
             awaitsAnswer = false
             answersInFlight += 1
+            answerBytesInFlight += bytes
             requestsServed += 1
             if !keepAlive { beginClosing() }
         case .errorQueued:
@@ -156,6 +165,7 @@ struct ConnectionStateMachine {
             beginClosing()
         case .outputDrained(let now):
             answersInFlight = 0
+            answerBytesInFlight = 0
             switch state {
             case .closing where !awaitsAnswer:
                 state = .lingering(deadline: now + (timedOut ? timeouts.lingerAfterTimeout : timeouts.linger))

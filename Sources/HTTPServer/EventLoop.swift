@@ -476,9 +476,10 @@ final class EventLoop: @unchecked Sendable {
         if keepAlive, let value = response.headers["Connection"], value.lowercased().contains("close") {
             keepAlive = false
         }
+        let queuedBefore = connection.output.count
         connection.output.append(response, dateHeader: dateHeader, isHead: responder.isHead, keepAlive: keepAlive,
                                  http10: responder.isHTTP10)
-        _ = connection.machine.event(.answerQueued(keepAlive: keepAlive))
+        _ = connection.machine.event(.answerQueued(keepAlive: keepAlive, bytes: connection.output.count - queuedBefore))
         if let onResponse = settings.onResponse {
             let elapsed = monotonicNanoseconds() &- responder.startNanoseconds
             onResponse(responder.routePattern, responder.method, response.status, elapsed)

@@ -99,6 +99,30 @@ final class ConnectionStateMachineTests: XCTestCase {
         XCTAssertTrue(m.mayParse)
     }
 
+    func testParsingWaitsOnceAMebibyteOfAnswersIsUnwrittenAndResumesOnceWritten() {
+        var m = machine()
+        let small = Machine.maxAnswerBytesInFlight / 4
+        for _ in 0..<3 {
+            _ = m.event(.requestDispatched)
+            _ = m.event(.answerQueued(keepAlive: true, bytes: small))
+            XCTAssertTrue(m.mayParse, "three quarters of the bound are unwritten")
+        }
+        _ = m.event(.requestDispatched)
+        _ = m.event(.answerQueued(keepAlive: true, bytes: small))
+        XCTAssertFalse(m.mayParse, "four answers make the bound: the fifth request waits")
+        _ = m.event(.outputWritten(now: 5))
+        XCTAssertFalse(m.mayParse, "a partial write is not enough")
+        _ = m.event(.outputDrained(now: 6))
+        XCTAssertTrue(m.mayParse)
+
+        // One answer larger than the bound is the only one made until it is written out.
+        _ = m.event(.requestDispatched)
+        _ = m.event(.answerQueued(keepAlive: true, bytes: 60 << 20))
+        XCTAssertFalse(m.mayParse)
+        _ = m.event(.outputDrained(now: 7))
+        XCTAssertTrue(m.mayParse)
+    }
+
     func testReadingStopsWhileOutputWaitsOrTheBacklogIsFull() {
         let m = machine()
         XCTAssertTrue(m.wantsRead(Self.idle))

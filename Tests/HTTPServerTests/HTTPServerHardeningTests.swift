@@ -118,6 +118,34 @@ final class HTTPServerHardeningTests: XCTestCase {
         print("backpressure: \(answeredUnread) answers made before the client read; RSS growth \(growth >> 20) MiB")
     }
 
+    func testClientPipeliningRequestsForLargeAnswersWithoutReadingHasOneMadeAtATime() throws {
+        // Far more than the socket buffers take: the first answer's write blocks while the client does not read.
+        let body = [UInt8](repeating: UInt8(ascii: "y"), count: 8 << 20)
+        let answered = Counter()
+        let blocked = DispatchSemaphore(value: 0)
+        let server = try TestServer(configure: { $0.onWriteBlocked = { blocked.signal() } }, extraRoutes: { router in
+            router.add("GET", "/large/{n}") { request, responder in
+                answered.increment()
+                responder.send(HTTPResponse(status: 200, headers: HTTPHeaders([("X-Seq", request.pathParameters["n"] ?? "")]),
+                                            body: body))
+            }
+        })
+        defer { server.stop() }
+        let client = try RawClient(port: server.port, timeoutSeconds: 30, receiveBufferBytes: 64 * 1024)
+        try client.send((0..<4).map { "GET /large/\($0) HTTP/1.1\r\nHost: t\r\n\r\n" }.joined())
+        XCTAssertEqual(blocked.wait(timeout: .now() + 60), .success, "the server's writes never blocked")
+        XCTAssertEqual(answered.value, 1, "the requests behind an unwritten large answer wait for the client to read it")
+
+        for i in 0..<4 {
+            let response = try client.readResponse()
+            XCTAssertEqual(response.status, 200)
+            XCTAssertEqual(response.header("X-Seq"), String(i))
+            XCTAssertEqual(response.body.count, body.count)
+        }
+        XCTAssertEqual(answered.value, 4)
+        server.assertHealthy()
+    }
+
     // MARK: - Time limits
 
     func testBodyTricklingInIsAnswered408AfterTheRequestTimeoutThoughNeverIdle() throws {
