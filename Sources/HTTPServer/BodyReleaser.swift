@@ -13,7 +13,7 @@ final class BodyReleaser: Sendable {
 
     static let shared = BodyReleaser()
 
-    private let doomed = Locked<[[UInt8]]>([])
+    private let doomed = Locked<(bodies: [[UInt8]], owners: [any AnyObject & Sendable])>(([], []))
     private let queue: DispatchQueue
     /// Where the bodies end: dropped (the default), or shown to a test.
     private let dispose: @Sendable ([[UInt8]]) -> Void
@@ -26,34 +26,38 @@ final class BodyReleaser: Sendable {
         self.dispose = dispose
     }
 
-    /// Takes `bytes` over, leaving it empty, and frees it on the background queue.
+    /// Takes `bytes` and its `owner` (`HTTPResponse.bodyOwner`) over, leaving both empty, and frees them on the
+    /// background queue.
     ///
-    /// The caller's array gives up its reference inside the lock, right after the list took one: the queue, which
-    /// needs the lock to take the list, always holds the last reference, so the storage is freed there and never
-    /// on the caller's thread (unless someone else still holds the body, e.g. a cache, and frees it later).
-    func release(_ bytes: inout [UInt8]) {
+    /// The caller gives up its references inside the lock, right after the list took them: the queue, which needs
+    /// the lock to take the list, always holds the last reference, so the storage is freed there and never on the
+    /// caller's thread (unless someone else still holds the body, e.g. a cache, and frees it later). The owner goes
+    /// with the body: an owner let go of first, on the caller's thread, would free there a body it held alone.
+    func release(_ bytes: inout [UInt8], owner: inout (any AnyObject & Sendable)?) {
         let first = doomed.withLock { list -> Bool in
-            list.append(bytes)
+            list.bodies.append(bytes)
             bytes = []
-            return list.count == 1
+            if let kept = owner { list.owners.append(kept) }
+            owner = nil
+            return list.bodies.count == 1
         }
         // One drain per batch: the drain takes every body queued until it runs.
         if first {
             queue.async { [self] in
-                let taken = doomed.withLock { list -> [[UInt8]] in
-                    let taken = list
-                    list = []
-                    return taken
+                let taken = doomed.withLock { list in
+                    defer { list = ([], []) }
+                    return list
                 }
-                dispose(taken)
+                dispose(taken.bodies)
             }
         }
     }
 
-    /// Hands `bytes` over if it is large enough to be worth it; smaller arrays are left to the caller.
-    func releaseIfLarge(_ bytes: inout [UInt8]) {
+    /// Hands `bytes` (and its owner) over if it is large enough to be worth it; smaller arrays are left to the
+    /// caller.
+    func releaseIfLarge(_ bytes: inout [UInt8], owner: inout (any AnyObject & Sendable)?) {
         if bytes.count >= Self.threshold {
-            release(&bytes)
+            release(&bytes, owner: &owner)
         }
     }
 }

@@ -173,12 +173,17 @@ public struct HTTPResponse: Sendable {
     public var headers: HTTPHeaders
     /// The body; dropped on the wire for `HEAD` requests and for 1xx, 204 and 304.
     public var body: [UInt8]
+    /// What `body` belongs to, if a handler shares it between answers (a cache of large answers): the server holds
+    /// it for as long as it holds the body and lets go of both together, off the event loops. The owner can so tell,
+    /// by its deinitialisation, when no connection needs the body any more.
+    public var bodyOwner: (any AnyObject & Sendable)?
 
     /// A response with the given status, headers and body.
     public init(status: Int, headers: HTTPHeaders = HTTPHeaders(), body: [UInt8] = []) {
         self.status = status
         self.headers = headers
         self.body = body
+        self.bodyOwner = nil
     }
 
     /// A protocol-level error response: `{"error":{"code":…,"message":…}}` as `application/json`.

@@ -11,6 +11,8 @@ struct OutputQueue {
 
     /// The first chunk has been sent up to `offset`.
     private var chunks: [[UInt8]] = []
+    /// Each chunk's owner (`HTTPResponse.bodyOwner`, for a shared body; `nil` otherwise), held as long as it.
+    private var owners: [(any AnyObject & Sendable)?] = []
     private var offset = 0
     /// Whether the last chunk is a shared body (appending to it would copy it).
     private var lastIsShared = false
@@ -30,6 +32,7 @@ struct OutputQueue {
         guard !bytes.isEmpty else { return }
         if chunks.isEmpty || lastIsShared {
             chunks.append(Array(bytes))
+            owners.append(nil)
             lastIsShared = false
         } else {
             chunks[chunks.count - 1].append(contentsOf: bytes)
@@ -37,13 +40,14 @@ struct OutputQueue {
         count += bytes.count
     }
 
-    /// Queues `body` after what is queued: by reference when it is large, else copied.
-    mutating func append(body: [UInt8]) {
+    /// Queues `body` after what is queued: by reference, held with its `owner`, when it is large, else copied.
+    mutating func append(body: [UInt8], owner: (any AnyObject & Sendable)? = nil) {
         guard body.count >= Self.shareThreshold else {
             append(contentsOf: body)
             return
         }
         chunks.append(body)
+        owners.append(owner)
         lastIsShared = true
         count += body.count
     }
@@ -58,7 +62,7 @@ struct OutputQueue {
             serializeResponse(response, into: &head, dateHeader: dateHeader, isHead: isHead, keepAlive: keepAlive,
                               http10: http10, streamed: streamed, omitBody: true)
             append(contentsOf: head)
-            append(body: response.body)
+            append(body: response.body, owner: response.bodyOwner)
         } else {
             serializeResponse(response, into: &head, dateHeader: dateHeader, isHead: isHead, keepAlive: keepAlive,
                               http10: http10, streamed: streamed)
@@ -104,8 +108,9 @@ struct OutputQueue {
             count -= written
             offset += written
             if offset == chunks[0].count {
-                releaser.releaseIfLarge(&chunks[0])
+                releaser.releaseIfLarge(&chunks[0], owner: &owners[0])
                 chunks.removeFirst()
+                owners.removeFirst()
                 offset = 0
                 if chunks.isEmpty { lastIsShared = false }
             }
@@ -115,8 +120,9 @@ struct OutputQueue {
 
     /// Drops everything queued.
     mutating func removeAll() {
-        for k in chunks.indices { releaser.releaseIfLarge(&chunks[k]) }
+        for k in chunks.indices { releaser.releaseIfLarge(&chunks[k], owner: &owners[k]) }
         chunks = []
+        owners = []
         offset = 0
         count = 0
         lastIsShared = false

@@ -334,29 +334,42 @@ final class App: @unchecked Sendable {
         let id = request.pathParameters["id"] ?? ""
         let ifNoneMatch = request.headers["If-None-Match"]
         guard let wait = query.waitSeconds, wait > 0, !isShuttingDown else {
-            engine.readJob(id: id) { [self] result in
+            let known = ifNoneMatch.map { header in
+                { @Sendable (version: Int64) in Self.ifNoneMatch(header, matches: Self.etag(id: id, version: version)) }
+            }
+            engine.readJob(id: id, known: known) { [self] result in
                 switch result {
-                case .success(.settled(let settled)):
-                    exchange.send(Self.jobAnswer(id: settled.id, version: settled.version, ifNoneMatch: ifNoneMatch) { settled.body })
-                case .success(.record(let job)):
-                    exchange.send(Self.jobAnswer(job, ifNoneMatch: ifNoneMatch))
-                case .success(.notFound):
-                    exchange.send(Self.jobNotFound(id))
+                case .success(let read):
+                    exchange.send(Self.jobAnswer(read, id: id, ifNoneMatch: ifNoneMatch))
                 case .failure(let error):
                     exchange.send(internalError(error, exchange))
                 }
             }
             return
         }
-        let token = engine.waitForChange(id: id, afterVersion: query.sinceVersion, timeoutMs: wait * 1000) { job in
-            guard let job else {
-                exchange.send(Self.jobNotFound(id))
-                return
-            }
-            exchange.send(Self.jobAnswer(job, ifNoneMatch: ifNoneMatch))
+        let token = engine.waitForAnswer(id: id, afterVersion: query.sinceVersion, timeoutMs: wait * 1000) { read in
+            exchange.send(Self.jobAnswer(read, id: id, ifNoneMatch: ifNoneMatch))
         }
         let box = CancellableBox(token)
         exchange.onClose { box.cancel() }
+    }
+
+    /// The answer to a read of job `id` that found `read`.
+    static func jobAnswer(_ read: JobRead, id: String, ifNoneMatch: String?) -> HTTPResponse {
+        switch read {
+        case .settled(let settled):
+            var answer = jobAnswer(id: settled.id, version: settled.version, ifNoneMatch: ifNoneMatch) { settled.body }
+            // Held while the body is: readers of a job too large to cache share this copy meanwhile.
+            answer.bodyOwner = settled.answer
+            return answer
+        case .record(let job):
+            return jobAnswer(job, ifNoneMatch: ifNoneMatch)
+        case .unchanged(let id, let version):
+            // The reader said it knows this version, so the answer is the bodiless `304`.
+            return jobAnswer(id: id, version: version, ifNoneMatch: ifNoneMatch) { [] }
+        case .notFound:
+            return jobNotFound(id)
+        }
     }
 
     /// Answers `204` once the deletion is committed.

@@ -183,4 +183,67 @@ final class OutputQueueTests: XCTestCase {
         wait(for: [released.done], timeout: 10)
         XCTAssertEqual(released.seen.addresses, [address])
     }
+
+    /// Reports when it is let go of, and in `offTestThread` whether that was on another thread than the test's.
+    private final class Owner: Sendable {
+        private let gone: XCTestExpectation
+        private let testThread: pthread_t
+        private let offTestThread: Locked<[Bool]>
+
+        init(_ gone: XCTestExpectation, testThread: pthread_t, offTestThread: Locked<[Bool]> = Locked([])) {
+            self.gone = gone
+            self.testThread = testThread
+            self.offTestThread = offTestThread
+        }
+
+        deinit {
+            let other = pthread_equal(pthread_self(), testThread) == 0
+            offTestThread.withLock { $0.append(other) }
+            gone.fulfill()
+        }
+    }
+
+    func testABodysOwnerIsHeldWhileTheBodyIsQueuedThenLetGoOfWithItOffTheSendingThread() throws {
+        let body = [UInt8](repeating: 0x74, count: BodyReleaser.threshold)
+        let (sender, receiver) = try socketPair(bytes: 4 << 20)
+        defer { close(sender); close(receiver) }
+        var queue = OutputQueue(releaser: BodyReleaser())
+        for dropped in [false, true] {
+            let gone = expectation(description: "the owner was let go of (dropped: \(dropped))")
+            var response = HTTPResponse(status: 200, body: body)
+            let offTestThread = Locked<[Bool]>([])
+            var owner: Owner? = Owner(gone, testThread: pthread_self(), offTestThread: offTestThread)
+            weak let watched = owner
+            response.bodyOwner = owner
+            owner = nil
+            queue.append(response, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+            response = HTTPResponse(status: 200)
+            XCTAssertNotNil(watched, "held while its body is queued")
+            if dropped {
+                queue.removeAll()
+            } else {
+                var turns = 0
+                while !queue.isEmpty && turns < 10_000 {
+                    XCTAssertNotEqual(queue.send(to: sender, budget: 256 * 1024).0, .failed)
+                    _ = drain(receiver, limit: Int.max)
+                    turns += 1
+                }
+            }
+            XCTAssertTrue(queue.isEmpty)
+            wait(for: [gone], timeout: 10)
+            XCTAssertNil(watched)
+            XCTAssertEqual(offTestThread.withLock { $0 }, [true], "let go of on the releaser's queue, with its body")
+        }
+    }
+
+    func testTheOwnerOfASmallBodyIsNotKept() {
+        let gone = expectation(description: "the owner was let go of")
+        var response = HTTPResponse(status: 200, body: Array("small".utf8))
+        response.bodyOwner = Owner(gone, testThread: pthread_self())
+        var queue = OutputQueue(releaser: BodyReleaser())
+        queue.append(response, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        response = HTTPResponse(status: 200)
+        wait(for: [gone], timeout: 10)
+        XCTAssertFalse(queue.isEmpty, "a small body is copied into the queue: its owner has nothing to hold")
+    }
 }

@@ -154,7 +154,8 @@ class EngineTestCase: XCTestCase {
     func makeEngine(
         dbName: String = "jobs.sqlite", configure: (inout EngineConfiguration) -> Void = { _ in },
         fetcher configureFetcher: (inout FetcherConfiguration) -> Void = { _ in },
-        store wrap: (JobStore) -> JobStore = { $0 }
+        store wrap: (JobStore) -> JobStore = { $0 },
+        renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil
     ) throws -> Engine {
         let store = wrap(try makeStore(dbName: dbName))
         var fetcherConfig = FetcherConfiguration()
@@ -163,7 +164,7 @@ class EngineTestCase: XCTestCase {
         let fetcher = try Fetcher(configuration: fetcherConfig)
         var config = EngineConfiguration()
         configure(&config)
-        let engine = Engine(store: store, fetcher: fetcher, configuration: config, logger: .disabled)
+        let engine = Engine(store: store, fetcher: fetcher, configuration: config, logger: .disabled, renderSettled: renderSettled)
         try engine.start()
         engines.append(engine)
         return engine

@@ -64,6 +64,95 @@ class EngineTests: EngineTestCase {
 
     // MARK: - Lists
 
+    func testReadsOfAStoredJobMeanwhileJoinTheOneUnderWayAndShareItsAnswer() throws {
+        // Answers are kept only up to 1 KiB; each is made by a render that waits for the test's word.
+        let renders = Watched(0)
+        let gate = DispatchSemaphore(value: 0)
+        let engine = try makeEngine(configure: { $0.settledCacheBytes = 8 << 10 }, renderSettled: { job in
+            renders.withLock { $0 += 1 }
+            gate.wait()
+            return Array(repeating: UInt8(ascii: "x"), count: 4000) + Array(job.id.utf8)
+        })
+        // Renders this test did not expect are let through at its end, rather than left waiting.
+        defer { for _ in 0..<3 { gate.signal() } }
+        let id = try submit(engine, #"{"graph":{"type":"fetch","url":\#(u("/json"))}}"#).id
+        XCTAssertEqual(try settled(engine, id).state, .succeeded)
+        // Out of memory once its last state is committed: from then on it is read from the store.
+        var inMemory = true
+        for _ in 0..<100 where inMemory {
+            try engine.store.flush()
+            inMemory = engine.queue.sync { engine.runs[id] != nil }
+        }
+        XCTAssertFalse(inMemory, "the settled job never left memory")
+
+        let answers = Watched<[JobRead]>([])
+        let read: @Sendable () -> Void = {
+            engine.readJob(id: id) { result in
+                if let found = try? result.get() { answers.withLock { $0.append(found) } }
+            }
+        }
+        read()
+        XCTAssertTrue(renders.wait(milliseconds: 10_000) { $0 == 1 }, "the first read makes the answer")
+        read()
+        read()
+        XCTAssertTrue(engine.storedReads.wait(milliseconds: 10_000) { $0[id]?.count == 2 }, "the others join it")
+        gate.signal()
+        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 3 })
+        let shared = answers.withLock { list in list.compactMap { read -> SettledAnswer? in
+            guard case .settled(let job) = read else { return nil }
+            return job.answer
+        } }
+        XCTAssertEqual(shared.count, 3)
+        XCTAssertTrue(shared.allSatisfy { $0 === shared[0] }, "one answer for the three")
+        XCTAssertEqual(renders.withLock { $0 }, 1)
+        XCTAssertEqual(engine.storedReads.withLock { $0.count }, 0)
+
+        // A read while one still holds that answer shares it without a render. (Servers sharing PostgreSQL drop what
+        // they keep of a job whenever the store announces a change of it, which may come late.)
+        guard !Self.usesPostgres else { return }
+        let again = try engine.answer("read of \(id)") { done in engine.readJob(id: id) { done($0) } }.get()
+        guard case .settled(let held) = again else { return XCTFail("not a settled answer: \(again)") }
+        XCTAssertTrue(held.answer === shared[0])
+        XCTAssertEqual(renders.withLock { $0 }, 1)
+    }
+
+    func testLongPollsAJobSatisfiesShareItsAnswerMadeOnceAndKept() throws {
+        let renders = Watched(0)
+        let engine = try makeEngine(renderSettled: { job in
+            renders.withLock { $0 += 1 }
+            return Array(#"{"id":"\#(job.id)"}"#.utf8)
+        })
+        let id = try submit(engine, #"{"graph":{"type":"fetch","url":\#(u("/hang"))}}"#).id
+        let answers = Watched<[JobRead]>([])
+        let records = Watched<[JobRecord?]>([])
+        for _ in 0..<2 {
+            engine.waitForAnswer(id: id, afterVersion: nil, timeoutMs: 10_000) { read in answers.withLock { $0.append(read) } }
+        }
+        engine.waitForChange(id: id, afterVersion: nil, timeoutMs: 10_000) { job in records.withLock { $0.append(job) } }
+        guard case .cancelling = try cancel(engine, id) else { return XCTFail("not cancelling") }
+        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 2 })
+        XCTAssertTrue(records.wait(milliseconds: 10_000) { $0.count == 1 })
+
+        let shared = answers.withLock { list in list.compactMap { read -> SettledAnswer? in
+            guard case .settled(let job) = read else { return nil }
+            return job.answer
+        } }
+        XCTAssertEqual(shared.count, 2, "both long-polls that take answers get the settled job's answer")
+        XCTAssertTrue(shared.count == 2 && shared[0] === shared[1], "one answer for both")
+        XCTAssertEqual(renders.withLock { $0 }, 1)
+        XCTAssertEqual(records.withLock { $0.first??.state }, .cancelled, "a long-poll that takes records gets the record")
+        // Servers sharing PostgreSQL drop a kept answer whenever the store announces a change of the job, which
+        // may come after this server's own last write.
+        guard !Self.usesPostgres else { return }
+        XCTAssertTrue(engine.settledJobs[id]?.answer === shared.first, "kept: a read afterwards makes nothing again")
+        let later = try engine.answer("long-poll of \(id)") { done in
+            engine.waitForAnswer(id: id, afterVersion: nil, timeoutMs: 10_000) { done($0) }
+        }
+        guard case .settled(let again) = later else { return XCTFail("not a settled answer: \(later)") }
+        XCTAssertTrue(again.answer === shared.first)
+        XCTAssertEqual(renders.withLock { $0 }, 1)
+    }
+
     func testPlainListSucceedsWithResultsAndErrorEntriesInChildOrder() throws {
         let engine = try makeEngine()
         let (job, nodes) = try run(engine, """

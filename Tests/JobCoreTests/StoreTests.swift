@@ -284,6 +284,22 @@ class StoreTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as StoreT
         XCTAssertNil(try store.body(jobID: job.id, nodeID: "root"))
     }
 
+    func testJobVersionAndStateAreReadAloneAndNilForNoSuchJob() throws {
+        let store = try makeStore()
+        defer { store.close() }
+        var job = try create(store, 1)
+        XCTAssertEqual(try store.jobVersion(id: job.id), job.version)
+        XCTAssertEqual(try store.jobState(id: job.id), job.state)
+        job.state = .succeeded
+        job.version = 41
+        store.enqueue(jobs: [job], nodes: [], bodies: [])
+        try store.flush()
+        XCTAssertEqual(try store.jobVersion(id: job.id), 41)
+        XCTAssertEqual(try store.jobState(id: job.id), .succeeded)
+        XCTAssertNil(try store.jobVersion(id: "01NOSUCHJOB"))
+        XCTAssertNil(try store.jobState(id: "01NOSUCHJOB"))
+    }
+
     /// The writer yields the CPU to the fetcher and the engine (`StoreThread.writerNiceIncrement`); nothing else
     /// moves: the thread that opened the store keeps its priority.
     func testTheWriterRunsTenNiceStepsBelowTheThreadThatOpenedTheStore() throws {

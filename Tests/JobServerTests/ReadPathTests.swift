@@ -1,6 +1,7 @@
 import Foundation
 import HTTPServer
 import TestSupport
+import Threads
 import XCTest
 
 @testable import JobCore
@@ -76,6 +77,45 @@ final class ReadPathTests: XCTestCase {
         XCTAssertEqual(waited.status, 304, "a long-poll answering the same version is not modified either")
     }
 
+    func testConditionalReadOfAStoredJobAtItsVersionIs304WithoutReadingTheJob() throws {
+        try start()
+        let id = harness.submit(fetchJob(upstream.url("/json")))
+        let job = try XCTUnwrap(harness.settled(id))
+        let tag = "\"\(id)-\(try XCTUnwrap(job["version"]?.intValue))\""
+
+        // Until the job has left the engine's memory, reads come from it; from then on, from the store, where a
+        // whole read would make the answer and keep it (a settled job's answer is made once). The long-poll that
+        // saw it settle kept it already: dropped here, so that only such a read puts it back.
+        let engine = harness.engine
+        engine.settledJobs.removeAll()
+        var retired = false
+        for _ in 0..<100 where !retired {
+            let notModified = harness.call(.getJob, id: id, headers: [("If-None-Match", tag)])
+            XCTAssertEqual(notModified.status, 304)
+            XCTAssertEqual(notModified.headers["ETag"], tag)
+            XCTAssertNil(engine.settledJobs[id], "the job was read and shown for a 304")
+            retired = engine.queue.sync { engine.runs[id] == nil }
+            if !retired {
+                let committed = DispatchSemaphore(value: 0)
+                engine.store.whenCommitted { _ in committed.signal() }
+                XCTAssertEqual(committed.wait(timeout: .now() + 10), .success)
+            }
+        }
+        XCTAssertTrue(retired, "the settled job never left memory")
+        let notModified = harness.call(.getJob, id: id, headers: [("If-None-Match", "W/\(tag)")])
+        XCTAssertEqual(notModified.status, 304)
+        XCTAssertTrue(notModified.body.isEmpty)
+        XCTAssertNil(engine.settledJobs[id], "the job was read and shown for a 304")
+
+        let stale = harness.call(.getJob, id: id, headers: [("If-None-Match", "\"\(id)-1\"")])
+        XCTAssertEqual(stale.status, 200, "another version's tag is answered in full")
+        XCTAssertEqual(stale.headers["ETag"], tag)
+        XCTAssertEqual(stale.json?["state"], "succeeded")
+        XCTAssertNotNil(engine.settledJobs[id], "a whole read from the store makes the answer once and keeps it")
+        let missing = harness.call(.getJob, id: "01NOSUCHJOB", headers: [("If-None-Match", "*")])
+        XCTAssertEqual(missing.status, 404)
+    }
+
     func testRunningJobsETagFollowsItsVersion() throws {
         try start()
         let id = harness.submit(fetchJob(upstream.url("/hang")))
@@ -133,6 +173,55 @@ final class ReadPathTests: XCTestCase {
         XCTAssertNil(cache[ids[0]], "the oldest went first")
         // Answers evicted from the cache are made again, the same.
         XCTAssertEqual(harness.call(.getJob, id: ids[0]).json?["id"]?.stringValue, ids[0])
+    }
+
+    func testReadersOfAnAnswerTooLargeToKeepShareOneCopyWhileOneHoldsIt() throws {
+        // Entries up to 1 KiB are kept; this job's answer is larger.
+        try start { $0.settledCacheBytes = 8 << 10 }
+        let id = harness.submit(fetchJob(upstream.url("/json?size=4000")))
+        XCTAssertNotNil(harness.settled(id))
+        let engine = harness.engine
+        func read() throws -> SettledJob? {
+            let answered = DispatchSemaphore(value: 0)
+            let found = Locked<JobRead?>(nil)
+            engine.readJob(id: id) { result in
+                found.withLock { $0 = try? result.get() }
+                answered.signal()
+            }
+            XCTAssertEqual(answered.wait(timeout: .now() + 10), .success)
+            guard case .settled(let settled) = found.withLock({ $0 }) else { return nil }
+            return settled
+        }
+        // Read until the job has left the engine's memory: from then on reads make its answer from the store.
+        var first: SettledJob?
+        for _ in 0..<500 where first == nil {
+            first = try read()
+            if first == nil {
+                let committed = DispatchSemaphore(value: 0)
+                engine.store.whenCommitted { _ in committed.signal() }
+                XCTAssertEqual(committed.wait(timeout: .now() + 10), .success)
+            }
+        }
+        var held = try XCTUnwrap(first)
+        first = nil
+        XCTAssertGreaterThan(held.body.count, 1 << 10)
+        XCTAssertEqual(engine.settledJobs.bytes, 0, "too large to keep")
+
+        let second = try XCTUnwrap(try read())
+        XCTAssertTrue(second.answer === held.answer, "a reader meanwhile gets the same copy")
+        let http = harness.call(.getJob, id: id)
+        XCTAssertEqual(http.status, 200)
+        XCTAssertEqual(http.body, held.body)
+
+        weak let watched = held.answer
+        held = SettledJob(id: "", version: 0, body: [])
+        _ = consume second
+        // The reads' completions ran on the read queues: once these are through, they hold nothing.
+        for queue in engine.readQueues { queue.sync {} }
+        XCTAssertNil(watched, "nothing keeps the answer once its readers let go")
+        XCTAssertNil(engine.settledJobs[id])
+        let again = try XCTUnwrap(try read(), "made again from the store")
+        XCTAssertEqual(again.body, http.body)
     }
 
     func testSettledCacheBoundCountsBytesNotEntries() {

@@ -80,6 +80,8 @@ public final class Engine: @unchecked Sendable {
 
     /// Settled jobs change no more (but for deletion): their answers, made once, stay in memory up to a byte bound.
     let settledJobs: SettledJobCache
+    /// Reads of jobs from the store under way, by id, each with the reads that joined it (`readStoredJob`).
+    let storedReads = Watched<[String: [@Sendable (Result<JobRead, Error>) -> Void]]>([:])
     /// Makes a settled job's answer; `nil`: settled jobs are not cached.
     private let renderSettled: (@Sendable (JobRecord) -> [UInt8])?
     /// Store reads and the answers made from them run here, never on a caller's (event-loop) thread nor on `queue`.
@@ -526,14 +528,61 @@ public final class Engine: @unchecked Sendable {
 
     /// The job as `GET /v1/jobs/{id}` shows it: a settled job's answer made once (from the cache without touching
     /// `queue`), else the live record, else the stored one (read without its submitted request).
-    public func readJob(id: String, _ completion: @escaping @Sendable (Result<JobRead, Error>) -> Void) {
+    /// - Parameter known: whether the reader already has the job at this version (a conditional request's
+    ///   `If-None-Match`): then a job not in memory is answered `.unchanged` from its version alone, and a settled
+    ///   job of many results is not read and shown only to be dropped.
+    public func readJob(
+        id: String, known: (@Sendable (Int64) -> Bool)? = nil, _ completion: @escaping @Sendable (Result<JobRead, Error>) -> Void
+    ) {
         if let settled = settledJobs[id] {
-            completion(.success(.settled(settled)))
+            let isKnown = known?(settled.version) ?? false
+            completion(.success(isKnown ? .unchanged(id: id, version: settled.version) : .settled(settled)))
             return
         }
-        read(id, live: { .record(self.shownRecord($0)) }, stored: { try self.readStoredJob(id: id) }) { read in
-            completion(self.withStorePosition(read))
+        let answer: @Sendable (Result<JobRead, Error>) -> Void = { completion(self.withStorePosition($0)) }
+        queue.async {
+            if let run = self.runs[id] {
+                let record = self.shownRecord(run)
+                self.onReadQueue { answer(.success(.record(record))) }
+                return
+            }
+            self.onReadQueue {
+                do {
+                    if let known, let version = try self.store.jobVersion(id: id), known(version) {
+                        return answer(.success(.unchanged(id: id, version: version)))
+                    }
+                } catch {
+                    return answer(.failure(error))
+                }
+                self.readStored(id, answer)
+            }
         }
+    }
+
+    /// A job no longer in memory: its answer from the cache (made meanwhile, perhaps), else from the store. On a
+    /// read queue.
+    private func readStored(_ id: String, _ completion: @escaping @Sendable (Result<JobRead, Error>) -> Void) {
+        if let settled = settledJobs[id] { return completion(.success(.settled(settled))) }
+        readStoredJob(id: id, completion)
+    }
+
+    /// A job no longer in memory, from the store, once for all who ask for it meanwhile: a read that finds another
+    /// under way joins it rather than reading, assembling and showing a settled job of many results again. On a
+    /// read queue; the joined reads are answered on the thread of the one they joined.
+    private func readStoredJob(id: String, _ completion: @escaping @Sendable (Result<JobRead, Error>) -> Void) {
+        let first = storedReads.withLock { reads -> Bool in
+            guard reads[id] == nil else {
+                reads[id]?.append(completion)
+                return false
+            }
+            reads[id] = []
+            return true
+        }
+        guard first else { return }
+        let read = Result { try readStoredJob(id: id) }
+        let joined = storedReads.withLock { $0.removeValue(forKey: id) ?? [] }
+        completion(read)
+        for join in joined { join(read) }
     }
 
     /// Answers from the run in memory (looked at on `queue`), else from `stored` (on a read queue).
@@ -786,7 +835,22 @@ public final class Engine: @unchecked Sendable {
     public func waitForChange(
         id: String, afterVersion: Int64?, timeoutMs: Int, _ callback: @escaping @Sendable (JobRecord?) -> Void
     ) -> Cancellable {
-        let waiter = Waiter(afterVersion: afterVersion, engine: self, jobID: id, callback: callback)
+        let waiter = Waiter(afterVersion: afterVersion, engine: self, jobID: id, takesAnswers: false) { read in
+            // Never `.settled`: this waiter does not take answers.
+            if case .record(let job) = read { callback(job) } else { callback(nil) }
+        }
+        queue.async { self.register(waiter, timeoutMs: timeoutMs) }
+        return waiter
+    }
+
+    /// `waitForChange` for `GET /v1/jobs/{id}?wait=`: the same, but a settled job that changes no more comes as its
+    /// answer made once (`.settled`), shared by every long-poll it satisfies and kept as `readJob` keeps it, rather
+    /// than as a record each of them shows again.
+    @discardableResult
+    public func waitForAnswer(
+        id: String, afterVersion: Int64?, timeoutMs: Int, _ callback: @escaping @Sendable (JobRead) -> Void
+    ) -> Cancellable {
+        let waiter = Waiter(afterVersion: afterVersion, engine: self, jobID: id, takesAnswers: true, callback: callback)
         queue.async { self.register(waiter, timeoutMs: timeoutMs) }
         return waiter
     }
@@ -804,7 +868,7 @@ public final class Engine: @unchecked Sendable {
             return
         }
         if shuttingDown || timeoutMs <= 0 || run.map({ waiter.isSatisfied(by: $0.record) }) == true {
-            return answer([waiter], live: run.map(shownRecord), jobID: id)
+            return answer([waiter], live: run, jobID: id)
         }
         waiters.add(waiter, jobID: id)
         armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
@@ -812,6 +876,23 @@ public final class Engine: @unchecked Sendable {
 
     /// A job that is not running here: a settled job changes no more, except by being deleted. On a read queue.
     private func waitForStored(_ waiter: Waiter, timeoutMs: Int, shuttingDown: Bool) {
+        let id = waiter.jobID
+        if waiter.takesAnswers, renderSettled != nil, (try? store.jobState(id: id))??.isSettled == true {
+            // Its answer, made once and shared with the other reads of it, if it satisfies the waiter now.
+            return readStored(id) { read in
+                if case .success(.settled(let settled)) = read,
+                    waiter.isSatisfied(version: settled.version, settled: true) || timeoutMs <= 0 || shuttingDown
+                {
+                    return waiter.fire(.settled(settled))
+                }
+                self.waitForStoredRecord(waiter, timeoutMs: timeoutMs, shuttingDown: shuttingDown)
+            }
+        }
+        waitForStoredRecord(waiter, timeoutMs: timeoutMs, shuttingDown: shuttingDown)
+    }
+
+    /// `waitForStored` with the job's record.
+    private func waitForStoredRecord(_ waiter: Waiter, timeoutMs: Int, shuttingDown: Bool) {
         let id = waiter.jobID
         guard let job = (try? storedJob(id: id)) ?? nil else { return waiter.fire(nil) }
         if waiter.isSatisfied(by: job) || timeoutMs <= 0 || shuttingDown { return waiter.fire(job) }
@@ -837,18 +918,43 @@ public final class Engine: @unchecked Sendable {
         let timer = DispatchWorkItem { [weak self, waiter] in
             guard let self, !waiter.done else { return }
             self.dropWaiter(waiter, jobID: id)
-            self.answer([waiter], live: self.runs[id].map(self.shownRecord), jobID: id)
+            self.answer([waiter], live: self.runs[id], jobID: id)
         }
         if waiter.arm(timer) { queue.asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer) }
     }
 
-    /// Answers `waiters` with the job as it is now: `live`, its record in memory as taken on the queue, else the
-    /// stored one. The store is read and the answers made on a read queue: a job of many results takes long to
-    /// show, and the queue runs every job.
-    func answer(_ waiters: [Waiter], live: JobRecord?, jobID id: String) {
+    /// Answers `waiters` with the job as it is now: `run`'s record, taken on the queue, else the stored one. The
+    /// store is read and the answers made on a read queue: a job of many results takes long to show, and the queue
+    /// runs every job. A run that changes no more (settled, every node too) is shown once for the waiters that
+    /// take answers, and its answer kept as a read of it from the store would keep it. On the queue.
+    func answer(_ waiters: [Waiter], live run: JobRun?, jobID id: String) {
+        let live = run.map(shownRecord)
+        let final = run.map { $0.record.state.isSettled && $0.unsettledNodes == 0 } ?? false
+        // Taken here: a deletion after this turn must not be undone by keeping what is shown from it.
+        let removals = settledJobs.removals
         onReadQueue {
-            let job = live ?? (try? self.storedJob(id: id)) ?? nil
-            for waiter in waiters { waiter.fire(job) }
+            guard let live else {
+                let job = (try? self.storedJob(id: id)) ?? nil
+                for waiter in waiters { waiter.fire(job) }
+                return
+            }
+            var settled: SettledJob?
+            if final, let renderSettled = self.renderSettled, waiters.contains(where: \.takesAnswers) {
+                if let kept = self.settledJobs[id] {
+                    settled = kept
+                } else {
+                    let made = SettledJob(id: live.id, version: live.version, body: renderSettled(live))
+                    self.settledJobs.insert(made, ifNoRemovalSince: removals)
+                    settled = made
+                }
+            }
+            for waiter in waiters {
+                if waiter.takesAnswers, let settled {
+                    waiter.fire(.settled(settled))
+                } else {
+                    waiter.fire(live)
+                }
+            }
         }
     }
 
@@ -1095,7 +1201,7 @@ public final class Engine: @unchecked Sendable {
     private func notifyWaiters(_ run: JobRun) {
         guard waiters.hasWaiters(jobID: run.id) else { return }
         let satisfied = waiters.take(jobID: run.id) { $0.isSatisfied(by: run.record) }
-        if !satisfied.isEmpty { answer(satisfied, live: shownRecord(run), jobID: run.id) }
+        if !satisfied.isEmpty { answer(satisfied, live: run, jobID: run.id) }
     }
 
     func jobStateChanged(_ run: JobRun) {
@@ -1244,24 +1350,34 @@ final class Waiter: Cancellable, @unchecked Sendable {
     // only read once the waiter is shared.
     let afterVersion: Int64?
     let jobID: String
+    /// Takes a settled job's answer made once (`.settled`) in place of its record.
+    let takesAnswers: Bool
     private let lock = Lock()
     // Both guarded by `lock`; the timer's block holds the waiter, so it is let go once the waiter is done.
-    private var callback: (@Sendable (JobRecord?) -> Void)?
+    private var callback: (@Sendable (JobRead) -> Void)?
     private var timer: DispatchWorkItem?
     private weak var engine: Engine?
 
-    init(afterVersion: Int64?, engine: Engine, jobID: String, callback: @escaping @Sendable (JobRecord?) -> Void) {
+    init(
+        afterVersion: Int64?, engine: Engine, jobID: String, takesAnswers: Bool,
+        callback: @escaping @Sendable (JobRead) -> Void
+    ) {
         self.afterVersion = afterVersion
         self.engine = engine
         self.jobID = jobID
+        self.takesAnswers = takesAnswers
         self.callback = callback
     }
 
     var done: Bool { lock.withLock { callback == nil } }
 
     func isSatisfied(by job: JobRecord) -> Bool {
-        if let afterVersion { return job.version > afterVersion }
-        return job.state.isSettled
+        isSatisfied(version: job.version, settled: job.state.isSettled)
+    }
+
+    func isSatisfied(version: Int64, settled: Bool) -> Bool {
+        if let afterVersion { return version > afterVersion }
+        return settled
     }
 
     /// Keeps `timer` to cancel it when the waiter is done; false (and nothing kept) if it is done already.
@@ -1275,7 +1391,12 @@ final class Waiter: Cancellable, @unchecked Sendable {
 
     /// Answers once; later calls do nothing.
     func fire(_ job: JobRecord?) {
-        finish()?(job)
+        fire(job.map(JobRead.record) ?? .notFound)
+    }
+
+    /// Answers once; later calls do nothing. `.settled` only to a waiter that `takesAnswers`.
+    func fire(_ read: JobRead) {
+        finish()?(read)
     }
 
     /// Stops waiting without answering.
@@ -1285,8 +1406,8 @@ final class Waiter: Cancellable, @unchecked Sendable {
     }
 
     /// Marks the waiter done and stops its timer; returns the callback if it had not run yet.
-    private func finish() -> (@Sendable (JobRecord?) -> Void)? {
-        let (cb, timer): ((@Sendable (JobRecord?) -> Void)?, DispatchWorkItem?) = lock.withLock {
+    private func finish() -> (@Sendable (JobRead) -> Void)? {
+        let (cb, timer): ((@Sendable (JobRead) -> Void)?, DispatchWorkItem?) = lock.withLock {
             defer {
                 callback = nil
                 self.timer = nil
@@ -1354,14 +1475,28 @@ final class ReadPool: Sendable {
 public struct SettledJob: Sendable {
     public let id: String
     public let version: Int64
+    /// The answer's one copy, which every reader of it shares.
+    public let answer: SettledAnswer
     /// The answer's body.
-    public let body: [UInt8]
+    public var body: [UInt8] { answer.bytes }
 
     public init(id: String, version: Int64, body: [UInt8]) {
+        self.init(id: id, version: version, answer: SettledAnswer(body))
+    }
+
+    init(id: String, version: Int64, answer: SettledAnswer) {
         self.id = id
         self.version = version
-        self.body = body
+        self.answer = answer
     }
+}
+
+/// A settled job's answer bytes, as an object: a reader that sends them holds it for as long as it holds the bytes
+/// (`HTTPResponse.bodyOwner`), so that the settled-job cache sees when no reader needs an answer too large to keep.
+public final class SettledAnswer: Sendable {
+    public let bytes: [UInt8]
+
+    init(_ bytes: [UInt8]) { self.bytes = bytes }
 }
 
 /// What `Engine.readJob` found.
@@ -1371,6 +1506,8 @@ public enum JobRead: Sendable {
     case record(JobRecord)
     /// A settled job's answer.
     case settled(SettledJob)
+    /// The job is at a version the reader said it knows; nothing else of it was read.
+    case unchanged(id: String, version: Int64)
 }
 
 /// What `Engine.node` found.
@@ -1380,7 +1517,9 @@ public enum NodeLookup: Sendable {
     case noSuchJob
 }
 
-/// Settled jobs' answers by id, bounded by their bytes, oldest entry evicted first.
+/// Settled jobs' answers by id, bounded by their bytes, oldest entry evicted first. An answer too large to keep is
+/// still found here while some reader holds it: readers of a large job at once share one copy of its answer rather
+/// than each making and holding their own.
 final class SettledJobCache: @unchecked Sendable {
     // @unchecked: every stored property but the constants is read and written only with `lock` held.
     let capacityBytes: Int
@@ -1393,12 +1532,29 @@ final class SettledJobCache: @unchecked Sendable {
     private var head = 0
     private var totalBytes = 0
     private var removalCount: UInt64 = 0
+    /// Answers too large to keep, held by their readers only; an entry whose answer is gone is dropped when met.
+    private var held: [String: HeldAnswer] = [:]
+
+    private struct HeldAnswer {
+        let version: Int64
+        weak var answer: SettledAnswer?
+    }
 
     init(capacityBytes: Int) { self.capacityBytes = max(0, capacityBytes) }
 
     static func size(of job: SettledJob) -> Int { job.body.count + job.id.utf8.count + overheadBytes }
 
-    subscript(id: String) -> SettledJob? { lock.withLock { entries[id] } }
+    subscript(id: String) -> SettledJob? {
+        lock.withLock {
+            if let kept = entries[id] { return kept }
+            guard let entry = held[id] else { return nil }
+            guard let answer = entry.answer else {
+                held[id] = nil
+                return nil
+            }
+            return SettledJob(id: id, version: entry.version, answer: answer)
+        }
+    }
 
     /// How many removals there were so far: pass to `insert(_:ifNoRemovalSince:)`.
     var removals: UInt64 { lock.withLock { removalCount } }
@@ -1409,10 +1565,19 @@ final class SettledJobCache: @unchecked Sendable {
     var count: Int { lock.withLock { entries.count } }
 
     /// Keeps `job` unless something was removed since `removals` was read (it may have been this job, read before
-    /// it was deleted) or it would take more than an eighth of the bound; evicts the oldest entries to make room.
+    /// it was deleted); evicts the oldest entries to make room. An answer larger than an eighth of the bound is not
+    /// kept but only noted, and found again while a reader holds it.
     func insert(_ job: SettledJob, ifNoRemovalSince removals: UInt64) {
         let size = Self.size(of: job)
-        guard size <= capacityBytes / 8 else { return }
+        guard size <= capacityBytes / 8 else {
+            lock.withLock {
+                guard removalCount == removals else { return }
+                // Those no reader holds any more go first: the notes stay as few as the large answers being sent.
+                held = held.filter { $0.value.answer != nil }
+                held[job.id] = HeldAnswer(version: job.version, answer: job.answer)
+            }
+            return
+        }
         lock.withLock {
             guard removalCount == removals, entries[job.id] == nil else { return }
             while totalBytes + size > capacityBytes, head < order.count {
@@ -1430,6 +1595,7 @@ final class SettledJobCache: @unchecked Sendable {
     func remove(_ id: String) {
         lock.withLock {
             removalCount &+= 1
+            held[id] = nil
             if let removed = entries.removeValue(forKey: id) { totalBytes -= Self.size(of: removed) }
             compactOrder()
         }
@@ -1438,6 +1604,7 @@ final class SettledJobCache: @unchecked Sendable {
     func removeAll() {
         lock.withLock {
             removalCount &+= 1
+            held.removeAll()
             entries.removeAll()
             order.removeAll()
             head = 0

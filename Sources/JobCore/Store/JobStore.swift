@@ -235,6 +235,10 @@ public protocol JobStore: AnyObject, Sendable {
     /// The job's state alone, or `nil` when there is no such job.
     func jobState(id: String) throws -> NodeState?
 
+    /// The job's version alone, or `nil` when there is no such job: whether a reader's copy is still the job as
+    /// it is, without reading (or assembling) the rest.
+    func jobVersion(id: String) throws -> Int64?
+
     /// Newest first (by id, which sorts by creation time). `cursor` is opaque (from nextCursor); an invalid cursor throws StoreError with kind badCursor.
     ///
     /// To keep listings light, the jobs come without `result` (`nil`) and without

@@ -243,6 +243,17 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Reads the `version` column from the primary key's row.
+    public func jobVersion(id: String) throws -> Int64? {
+        try readers.with { db in
+            let statement = try db.prepare("SELECT version FROM jobs WHERE id = ?1")
+            defer { statement.reset() }
+            statement.bind(1, id)
+            guard try statement.step() else { return nil }
+            return statement.int64(0)
+        }
+    }
+
     /// Reads the `state` column from the primary key's row.
     public func jobState(id: String) throws -> NodeState? {
         try readers.with { db in

@@ -247,6 +247,14 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         }
     }
 
+    public func jobVersion(id: String) throws -> Int64? {
+        try readers.with { db in
+            let rows = try db.run(prepared: "job_version", "SELECT version FROM jobs WHERE id = $1", [.text(id)])
+            guard let row = PGRows.rows(rows).first else { return nil }
+            return row.int64(0)
+        }
+    }
+
     public func jobState(id: String) throws -> NodeState? {
         try readers.with { db in
             let rows = try db.run(prepared: "job_state", "SELECT state FROM jobs WHERE id = $1", [.text(id)])
