@@ -55,10 +55,6 @@ print(json.dumps({"graph": {"type": "list", "children": [
 PY
 }
 
-# kib FIELD PID: a field of /proc/PID/status (VmRSS, VmHWM), in KiB.
-kib() { awk -v f="$1:" '$1 == f {print $2}' "/proc/$2/status"; }
-mib() { awk -v k="$1" 'BEGIN{printf "%.0f", k/1024}'; }
-
 rows=()
 # scenario LABEL FILE COUNT: COUNT jobs of N fetches of FILE at once on a fresh server; appends its figures to the
 # arrays of the case (m_base, m_hwm, m_written, m_settled, m_get in MiB, m_run, m_write in ms, m_outcomes).
@@ -123,8 +119,6 @@ scenario() {
   m_outcomes+=("$outcomes")
 }
 
-# spread VALUES…: "median (min–max)".
-spread() { echo "$(printf '%s\n' "$@" | median) ($(printf '%s\n' "$@" | range))"; }
 
 # case_row LABEL FILE COUNT: the scenario RUNS times; adds a row. The target is checked on the median of the last
 # peak, the highest.

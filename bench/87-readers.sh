@@ -38,10 +38,6 @@ print(json.dumps({"graph": {"type": "list", "children": [
     {"type": "fetch", "url": f"http://127.0.0.1:{port}/data.json?i={i}"} for i in range(1, n + 1)]}}))
 PY
 
-# kib FIELD PID: a field of /proc/PID/status (VmRSS, VmHWM), in KiB.
-kib() { awk -v f="$1:" '$1 == f {print $2}' "/proc/$2/status"; }
-mib() { awk -v k="$1" 'BEGIN{printf "%.0f", k/1024}'; }
-
 # settle BASE ID: waits (bounded: 120 s) until the job is settled, reading its node list, which carries no results.
 settle() {
   local state
@@ -104,8 +100,6 @@ PY
   m_hwm+=("$(mib "$hwm")")
   answer_bytes=$size
 }
-
-spread() { echo "$(printf '%s\n' "$@" | median) ($(printf '%s\n' "$@" | range))"; }
 
 rows=()
 answer_bytes=0

@@ -118,6 +118,12 @@ build_jobserver() {
 
 median() { sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "%.1f", m}'; }
 range() { sort -n | awk 'NR==1{lo=$1} {hi=$1} END {printf "%s–%s", lo, hi}'; }
+# spread VALUES…: "median (min–max)".
+spread() { echo "$(printf '%s\n' "$@" | median) ($(printf '%s\n' "$@" | range))"; }
+
+# kib FIELD PID: a field of /proc/PID/status (VmRSS, VmHWM), in KiB; mib KIB: the same in MiB, rounded.
+kib() { awk -v f="$1:" '$1 == f {print $2}' "/proc/$2/status"; }
+mib() { awk -v k="$1" 'BEGIN{printf "%.0f", k/1024}'; }
 
 # ms_since NS: milliseconds (one decimal) since NS, a `date +%s%N`.
 ms_since() { awk -v a="$1" -v b="$(date +%s%N)" 'BEGIN{printf "%.1f", (b-a)/1e6}'; }
