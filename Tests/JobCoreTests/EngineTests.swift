@@ -62,7 +62,7 @@ class EngineTests: EngineTestCase {
         XCTAssertEqual(seen.withLock { $0 }, ["a", "b", "c", "queued between", "d"])
     }
 
-    // MARK: - Lists
+    // MARK: - Reads of settled jobs
 
     func testReadsOfAStoredJobMeanwhileJoinTheOneUnderWayAndShareItsAnswer() throws {
         // Answers are kept only up to 1 KiB; each is made by a render that waits for the test's word.
@@ -80,7 +80,9 @@ class EngineTests: EngineTestCase {
         // Out of memory once its last state is committed: from then on it is read from the store.
         var inMemory = true
         for _ in 0..<100 where inMemory {
-            try engine.store.flush()
+            let committed = DispatchSemaphore(value: 0)
+            engine.store.whenCommitted { _ in committed.signal() }
+            XCTAssertEqual(committed.wait(timeout: .now() + 10), .success)
             inMemory = engine.queue.sync { engine.runs[id] != nil }
         }
         XCTAssertFalse(inMemory, "the settled job never left memory")
@@ -152,6 +154,8 @@ class EngineTests: EngineTestCase {
         XCTAssertTrue(again.answer === shared.first)
         XCTAssertEqual(renders.withLock { $0 }, 1)
     }
+
+    // MARK: - Lists
 
     func testPlainListSucceedsWithResultsAndErrorEntriesInChildOrder() throws {
         let engine = try makeEngine()
