@@ -364,7 +364,7 @@ final class App: @unchecked Sendable {
             return answer
         case .record(let job):
             return jobAnswer(job, ifNoneMatch: ifNoneMatch)
-        case .unchanged(let id, let version):
+        case .unchanged(let version):
             // The reader said it knows this version, so the answer is the bodiless `304`.
             return jobAnswer(id: id, version: version, ifNoneMatch: ifNoneMatch) { [] }
         case .notFound:

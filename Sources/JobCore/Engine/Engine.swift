@@ -80,7 +80,7 @@ public final class Engine: @unchecked Sendable {
 
     /// Settled jobs change no more (but for deletion): their answers, made once, stay in memory up to a byte bound.
     let settledJobs: SettledJobCache
-    /// Reads of jobs from the store under way, by id, each with the reads that joined it (`readStoredJob`).
+    /// Reads of jobs from the store under way, by id, each with the reads that joined it (`readStored`).
     let storedReads = Watched<[String: [@Sendable (Result<JobRead, Error>) -> Void]]>([:])
     /// Makes a settled job's answer; `nil`: settled jobs are not cached.
     private let renderSettled: (@Sendable (JobRecord) -> [UInt8])?
@@ -536,40 +536,29 @@ public final class Engine: @unchecked Sendable {
     ) {
         if let settled = settledJobs[id] {
             let isKnown = known?(settled.version) ?? false
-            completion(.success(isKnown ? .unchanged(id: id, version: settled.version) : .settled(settled)))
+            completion(.success(isKnown ? .unchanged(version: settled.version) : .settled(settled)))
             return
         }
-        let answer: @Sendable (Result<JobRead, Error>) -> Void = { completion(self.withStorePosition($0)) }
-        queue.async {
-            if let run = self.runs[id] {
-                let record = self.shownRecord(run)
-                self.onReadQueue { answer(.success(.record(record))) }
-                return
-            }
-            self.onReadQueue {
-                do {
-                    if let known, let version = try self.store.jobVersion(id: id), known(version) {
-                        return answer(.success(.unchanged(id: id, version: version)))
-                    }
-                } catch {
-                    return answer(.failure(error))
+        read(id, live: { .record(self.shownRecord($0)) }, storedThen: { answer in
+            do {
+                if let known, let version = try self.store.jobVersion(id: id), known(version) {
+                    return answer(.success(.unchanged(version: version)))
                 }
-                self.readStored(id, answer)
+            } catch {
+                return answer(.failure(error))
             }
+            self.readStored(id, answer)
+        }) { read in
+            completion(self.withStorePosition(read))
         }
     }
 
-    /// A job no longer in memory: its answer from the cache (made meanwhile, perhaps), else from the store. On a
-    /// read queue.
+    /// A job no longer in memory: its answer from the cache (made meanwhile, perhaps), else from the store, once for
+    /// all who ask for it meanwhile: a read that finds another under way joins it rather than reading, assembling
+    /// and showing a settled job of many results again. On a read queue; the joined reads are answered on the
+    /// thread of the one they joined.
     private func readStored(_ id: String, _ completion: @escaping @Sendable (Result<JobRead, Error>) -> Void) {
         if let settled = settledJobs[id] { return completion(.success(.settled(settled))) }
-        readStoredJob(id: id, completion)
-    }
-
-    /// A job no longer in memory, from the store, once for all who ask for it meanwhile: a read that finds another
-    /// under way joins it rather than reading, assembling and showing a settled job of many results again. On a
-    /// read queue; the joined reads are answered on the thread of the one they joined.
-    private func readStoredJob(id: String, _ completion: @escaping @Sendable (Result<JobRead, Error>) -> Void) {
         let first = storedReads.withLock { reads -> Bool in
             guard reads[id] == nil else {
                 reads[id]?.append(completion)
@@ -590,13 +579,22 @@ public final class Engine: @unchecked Sendable {
         _ jobID: String, live: @escaping @Sendable (JobRun) -> Answer, stored: @escaping @Sendable () throws -> Answer,
         _ completion: @escaping @Sendable (Result<Answer, Error>) -> Void
     ) {
+        read(jobID, live: live, storedThen: { answer in answer(Result(catching: stored)) }, completion)
+    }
+
+    /// `read` with a store read that answers through a completion, when it may hand the answer over later.
+    private func read<Answer: Sendable>(
+        _ jobID: String, live: @escaping @Sendable (JobRun) -> Answer,
+        storedThen stored: @escaping @Sendable (@escaping @Sendable (Result<Answer, Error>) -> Void) -> Void,
+        _ completion: @escaping @Sendable (Result<Answer, Error>) -> Void
+    ) {
         queue.async {
             let found = self.runs[jobID].map(live)
             self.onReadQueue {
                 if let found {
                     completion(.success(found))
                 } else {
-                    completion(Result(catching: stored))
+                    stored(completion)
                 }
             }
         }
@@ -1507,7 +1505,7 @@ public enum JobRead: Sendable {
     /// A settled job's answer.
     case settled(SettledJob)
     /// The job is at a version the reader said it knows; nothing else of it was read.
-    case unchanged(id: String, version: Int64)
+    case unchanged(version: Int64)
 }
 
 /// What `Engine.node` found.
