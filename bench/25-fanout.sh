@@ -36,6 +36,19 @@ ratio_of() {  # job times, then curl times: the ratio of the medians, then each 
     'BEGIN{printf "%.2f", j/c}') ($(printf '%s\n' "${runs[@]}" | range))"
 }
 
+# Waits until the server holds no job: the one before is written to the store and out of memory, so that neither
+# side's run shares the machine with the writes of the job before it. Bounded: 600 s.
+quiet() {
+  local in_memory=""
+  for _ in $(seq 1 6000); do
+    in_memory=$(curl -sS "$base/metrics" | awk '$1 ~ /^jobserver_nodes\{/ {n += $2} END {print n + 0}')
+    [ "$in_memory" = 0 ] && return 0
+    sleep 0.1
+  done
+  echo "jobs still in memory after 600 s" >&2
+  exit 1
+}
+
 rows=()
 for n in $SIZES; do
   python3 - "$n" "$nginx_port" "$tmp" <<'PY'
@@ -65,11 +78,13 @@ PY
   job_times=()
   cli_times=()
   for run in $(seq 1 "$RUNS"); do
+    quiet
     # $EPOCHREALTIME: no process of the timer's own inside the curl process's time.
     start=${EPOCHREALTIME/./}
     curl --parallel --parallel-max "$CONCURRENCY" -sS --no-progress-meter -K "$tmp/curl.conf"
     end=${EPOCHREALTIME/./}
     curl_times+=("$(awk -v a="$start" -v b="$end" 'BEGIN{printf "%.1f", (b-a)/1e3}')")
+    quiet
     echo run >&"${client[1]}"
     read -r ms state <&"${client[0]}"
     [ "$state" = succeeded ] || { echo "the $n-fetch job ended $state" >&2; exit 1; }
@@ -78,6 +93,7 @@ PY
     # clock (curl's side starts one). The id comes from the Location header, and bash reads the state from the
     # settled answer's first bytes (the job's third member). The whole answer is received, as curl receives every
     # file, but not parsed: jq took 0.14 s of CPU on the 10 MB answer of 10,000 fetches and 1.1 s on the 100 MB one.
+    quiet
     start=${EPOCHREALTIME/./}
     location=$(curl -sS -o "$tmp/answer.json" -w '%header{location}' -H 'Content-Type: application/json' \
       --data-binary @"$tmp/job.json" "$base/v1/jobs")
@@ -117,6 +133,7 @@ from sending the \`POST\` to its settled answer (\`?wait=60\`), by a client alre
 connection (\`bench/job_client.py\`): the durable submission and every state change are in it. curl's time includes its
 own process start; the last two columns time the same job from the command line, two curl processes (the submission
 and the long-poll) each started on the clock. $RUNS runs per size, each curl, the job, then the job by two curls;
+each on a quiet server (the job before written to the store and out of memory: \`jobserver_nodes\` on \`/metrics\` is 0);
 median (min–max) of wall ms, and the ratio of the medians (min–max of the per-run ratios).
 
 | N | curl ms | job ms | job / curl | target ≤ 1.1 | job by two curls, ms | two curls / curl |
