@@ -4,7 +4,9 @@
 # N MB, under the default `--max-job-bytes 64MiB`. Each case runs on a fresh server and SQLite file:
 #   (a) READERS (default 8) clients GET the settled job at once, each reading 10 KB/s (`curl --limit-rate`);
 #   (b) READERS clients long-poll it (`?wait=30`) from its submission on, each reading 10 KB/s once answered;
-#   (c) one connection sends PIPELINED (default 40) GETs of the settled job in one write and reads nothing.
+#   (c) one connection sends PIPELINED (default 40) GETs of the settled job in one write and reads nothing;
+#   (d) READERS clients GET its nodes with their results (`/nodes?include=result`, about twice the answer) at once,
+#       each reading 10 KB/s.
 # HOLD s (default 6) into that: the RSS (VmRSS) and the peak since the server started (VmHWM, the job's own run
 # included), from /proc/<pid>/status. Target: the peak <= 256 MiB. Each case runs RUNS times (default 5): median
 # (min–max). N, READERS, PIPELINED, HOLD, RUNS and CONFIG (release, or debug for a quick check) may be set.
@@ -48,7 +50,7 @@ settle() {
   [ "$state" = succeeded ] || { echo "job $2 ended $state" >&2; exit 1; }
 }
 
-# scenario CASE: one run of case a, b or c; appends the RSS and the peak in MiB to m_rss and m_hwm.
+# scenario CASE: one run of case a, b, c or d; appends the RSS and the peak in MiB to m_rss and m_hwm.
 scenario() {
   local which="$1" port server base location id readers=() rss hwm size
   port=$(free_port)
@@ -63,14 +65,15 @@ scenario() {
   id=${location##*/}
   [ -n "$id" ] || { echo "the job was refused" >&2; exit 1; }
   case "$which" in
-    a|c) settle "$base" "$id" ;;
+    a|c|d) settle "$base" "$id" ;;
   esac
   case "$which" in
-    a|b)
-      local query=""
-      [ "$which" = b ] && query="?wait=30"
+    a|b|d)
+      local path=""
+      [ "$which" = b ] && path="?wait=30"
+      [ "$which" = d ] && path="/nodes?include=result"
       for _ in $(seq 1 "$READERS"); do
-        curl -sS --limit-rate 10k --max-time $((HOLD + 5)) -o /dev/null "$base/v1/jobs/$id$query" 2>/dev/null &
+        curl -sS --limit-rate 10k --max-time $((HOLD + 5)) -o /dev/null "$base/v1/jobs/$id$path" 2>/dev/null &
         readers+=($!)
         pids+=("$!")
       done
@@ -103,7 +106,7 @@ PY
 
 rows=()
 answer_bytes=0
-for which in a b c; do
+for which in a b c d; do
   m_rss=()
   m_hwm=()
   for _ in $(seq 1 "$RUNS"); do scenario "$which"; done
@@ -113,6 +116,7 @@ for which in a b c; do
     a) label="$READERS clients GET the settled job at once, reading 10 KB/s" ;;
     b) label="$READERS clients long-poll it from its submission, reading 10 KB/s" ;;
     c) label="one connection pipelines $PIPELINED GETs of it, reading nothing" ;;
+    d) label="$READERS clients GET its nodes with results at once, reading 10 KB/s" ;;
   esac
   rows+=("| ($which) $label | $(spread "${m_rss[@]}") | **$(spread "${m_hwm[@]}")** | $verdict |")
 done
@@ -125,8 +129,9 @@ one job, a \`list\` of $N fetches of it (each URL its own), whose answer (\`GET 
 bytes; then clients read it as the rows say, each case on a fresh server and SQLite file. RSS in MiB from
 \`/proc/<pid>/status\` $HOLD s into the reads (\`VmRSS\`), and the peak since the server started (\`VmHWM\`, the job's
 own run included). A settled job too large for the settled-job cache (an eighth of \`--settled-cache-bytes\`) has
-its answer made once for the reads under way and shared while any connection still sends it; a connection reads
-no further request while a mebibyte of its answers is unsent. $RUNS runs each: median (min–max); the target is
+its answer made once for the reads under way and shared while any connection still sends it, and so have its nodes
+with their results (\`/nodes?include=result\`, about twice the answer: the list's result holds its children's); a
+connection reads no further request while a mebibyte of its answers is unsent. $RUNS runs each: median (min–max); the target is
 checked on the median peak.
 
 | case | RSS | peak | target ≤ $TARGET_MIB MiB |

@@ -435,11 +435,16 @@ final class App: @unchecked Sendable {
     private func listNodes(_ request: APIRequest, _ exchange: Exchange) throws {
         let includeResult = try QueryParameters.includeResult(request.queryItems)
         let id = request.pathParameters["id"] ?? ""
-        engine.nodes(jobID: id, includeResults: includeResult) { [self] result in
+        engine.nodeList(jobID: id, includeResults: includeResult) { [self] result in
             switch result {
-            case .success(let nodes?):
+            case .success(.nodes(let nodes)):
                 exchange.send(Self.json(200, Presentation.nodeList(nodes, includeResult: includeResult)))
-            case .success(nil):
+            case .success(.shown(let shown)):
+                var answer = Self.json(200, shown.bytes)
+                // Held while the body is: readers of the same job's nodes meanwhile share this copy.
+                answer.bodyOwner = shown
+                exchange.send(answer)
+            case .success(.notFound):
                 exchange.send(Self.jobNotFound(id))
             case .failure(let error):
                 exchange.send(internalError(error, exchange))
@@ -529,8 +534,11 @@ final class App: @unchecked Sendable {
     // MARK: Answers
 
     /// A JSON response.
-    static func json(_ status: Int, _ value: JSONValue) -> HTTPResponse {
-        HTTPResponse(status: status, headers: HTTPHeaders([("Content-Type", "application/json")]), body: value.bytes)
+    static func json(_ status: Int, _ value: JSONValue) -> HTTPResponse { json(status, value.bytes) }
+
+    /// A JSON answer already shown.
+    static func json(_ status: Int, _ body: [UInt8]) -> HTTPResponse {
+        HTTPResponse(status: status, headers: HTTPHeaders([("Content-Type", "application/json")]), body: body)
     }
 
     /// A job's strong entity tag: a job's answer changes exactly when its version does.

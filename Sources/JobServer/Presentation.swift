@@ -129,6 +129,9 @@ enum Presentation {
         .object([JSONMember("nodes", .array(nodes.map { node($0, includeResult: includeResult) }))])
     }
 
+    /// `GET /v1/jobs/{id}/nodes?include=result`, as bytes: how the engine shows a settled job's nodes.
+    @Sendable static func nodeListBytes(_ nodes: [NodeRecord]) -> [UInt8] { nodeList(nodes, includeResult: true).bytes }
+
     /// `{"error": {"code", "message", "path"?, "details"?}}`.
     static func error(code: String, message: String, path: String? = nil, details: [Issue]? = nil) -> JSONValue {
         var members = [JSONMember("code", .string(code)), JSONMember("message", .string(message))]

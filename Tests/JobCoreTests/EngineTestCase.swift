@@ -155,7 +155,8 @@ class EngineTestCase: XCTestCase {
         dbName: String = "jobs.sqlite", configure: (inout EngineConfiguration) -> Void = { _ in },
         fetcher configureFetcher: (inout FetcherConfiguration) -> Void = { _ in },
         store wrap: (JobStore) -> JobStore = { $0 },
-        renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil
+        renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil,
+        renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil
     ) throws -> Engine {
         let store = wrap(try makeStore(dbName: dbName))
         var fetcherConfig = FetcherConfiguration()
@@ -164,7 +165,9 @@ class EngineTestCase: XCTestCase {
         let fetcher = try Fetcher(configuration: fetcherConfig)
         var config = EngineConfiguration()
         configure(&config)
-        let engine = Engine(store: store, fetcher: fetcher, configuration: config, logger: .disabled, renderSettled: renderSettled)
+        let engine = Engine(
+            store: store, fetcher: fetcher, configuration: config, logger: .disabled, renderSettled: renderSettled,
+            renderNodeList: renderNodeList)
         try engine.start()
         engines.append(engine)
         return engine

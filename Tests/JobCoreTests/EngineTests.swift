@@ -75,17 +75,7 @@ class EngineTests: EngineTestCase {
         })
         // Renders this test did not expect are let through at its end, rather than left waiting.
         defer { for _ in 0..<3 { gate.signal() } }
-        let id = try submit(engine, #"{"graph":{"type":"fetch","url":\#(u("/json"))}}"#).id
-        XCTAssertEqual(try settled(engine, id).state, .succeeded)
-        // Out of memory once its last state is committed: from then on it is read from the store.
-        var inMemory = true
-        for _ in 0..<100 where inMemory {
-            let committed = DispatchSemaphore(value: 0)
-            engine.store.whenCommitted { _ in committed.signal() }
-            XCTAssertEqual(committed.wait(timeout: .now() + 10), .success)
-            inMemory = engine.queue.sync { engine.runs[id] != nil }
-        }
-        XCTAssertFalse(inMemory, "the settled job never left memory")
+        let id = try submitAndRetire(engine, #"{"graph":{"type":"fetch","url":\#(u("/json"))}}"#)
 
         let answers = Watched<[JobRead]>([])
         let read: @Sendable () -> Void = {
@@ -97,7 +87,7 @@ class EngineTests: EngineTestCase {
         XCTAssertTrue(renders.wait(milliseconds: 10_000) { $0 == 1 }, "the first read makes the answer")
         read()
         read()
-        XCTAssertTrue(engine.storedReads.wait(milliseconds: 10_000) { $0[id]?.count == 2 }, "the others join it")
+        XCTAssertTrue(engine.storedReads.underWay.wait(milliseconds: 10_000) { $0[id]?.count == 2 }, "the others join it")
         gate.signal()
         XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 3 })
         let shared = answers.withLock { list in list.compactMap { read -> SettledAnswer? in
@@ -107,7 +97,7 @@ class EngineTests: EngineTestCase {
         XCTAssertEqual(shared.count, 3)
         XCTAssertTrue(shared.allSatisfy { $0 === shared[0] }, "one answer for the three")
         XCTAssertEqual(renders.withLock { $0 }, 1)
-        XCTAssertEqual(engine.storedReads.withLock { $0.count }, 0)
+        XCTAssertEqual(engine.storedReads.underWay.withLock { $0.count }, 0)
 
         // A read while one still holds that answer shares it without a render. (Servers sharing PostgreSQL drop what
         // they keep of a job whenever the store announces a change of it, which may come late.)
@@ -116,6 +106,84 @@ class EngineTests: EngineTestCase {
         guard case .settled(let held) = again else { return XCTFail("not a settled answer: \(again)") }
         XCTAssertTrue(held.answer === shared[0])
         XCTAssertEqual(renders.withLock { $0 }, 1)
+    }
+
+    func testReadsOfAStoredJobsNodesWithResultsJoinAndShareOneShownList() throws {
+        let renders = Watched(0)
+        let gate = DispatchSemaphore(value: 0)
+        let engine = try makeEngine(renderNodeList: { nodes in
+            renders.withLock { $0 += 1 }
+            gate.wait()
+            return Array(nodes.map(\.id).joined(separator: ",").utf8)
+        })
+        defer { for _ in 0..<3 { gate.signal() } }
+        let graph = #"{"graph":{"type":"list","children":[{"id":"a","type":"fetch","url":\#(u("/json"))}]}}"#
+        // While the job runs its nodes are records, shown by the caller; so they are without results.
+        let running = try submit(engine, #"{"graph":{"type":"fetch","url":\#(u("/hang"))}}"#).id
+        guard case .nodes(let live) = try nodeList(engine, running, includeResults: true) else {
+            return XCTFail("a running job's nodes are not records")
+        }
+        XCTAssertEqual(live.map(\.id), ["root"])
+        let id = try submitAndRetire(engine, graph)
+        guard case .nodes(let light) = try nodeList(engine, id, includeResults: false) else {
+            return XCTFail("nodes without results are not records")
+        }
+        XCTAssertEqual(light.map(\.id), ["root", "a"])
+        XCTAssertEqual(renders.withLock { $0 }, 0)
+
+        let answers = Watched<[NodeListRead]>([])
+        let read: @Sendable () -> Void = {
+            engine.nodeList(jobID: id, includeResults: true) { result in
+                if let found = try? result.get() { answers.withLock { $0.append(found) } }
+            }
+        }
+        read()
+        XCTAssertTrue(renders.wait(milliseconds: 10_000) { $0 == 1 }, "the first read shows the list")
+        read()
+        read()
+        XCTAssertTrue(engine.storedNodeLists.underWay.wait(milliseconds: 10_000) { $0[id]?.count == 2 }, "the others join it")
+        gate.signal()
+        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 3 })
+        let shown = answers.withLock { list in list.compactMap { read -> SettledAnswer? in
+            guard case .shown(let answer) = read else { return nil }
+            return answer
+        } }
+        XCTAssertEqual(shown.count, 3)
+        XCTAssertTrue(shown.allSatisfy { $0 === shown[0] }, "one list for the three")
+        XCTAssertEqual(String(decoding: shown[0].bytes, as: UTF8.self), "root,a")
+        XCTAssertEqual(renders.withLock { $0 }, 1)
+        guard !Self.usesPostgres else { return }
+        guard case .shown(let held) = try nodeList(engine, id, includeResults: true) else {
+            return XCTFail("not the shown list")
+        }
+        XCTAssertTrue(held === shown[0], "a read while it is held shares it")
+        XCTAssertEqual(renders.withLock { $0 }, 1)
+        // Deleted: the list held is no longer found.
+        guard case .deleted = try engine.delete(id: id) else { return XCTFail("not deleted") }
+        XCTAssertNil(engine.settledJobs.nodeList(of: id))
+        guard case .notFound = try nodeList(engine, id, includeResults: true) else { return XCTFail("found once deleted") }
+    }
+
+    private func nodeList(_ engine: Engine, _ id: String, includeResults: Bool) throws -> NodeListRead {
+        try engine.answer("nodes of \(id)") { done in
+            engine.nodeList(jobID: id, includeResults: includeResults) { done($0) }
+        }.get()
+    }
+
+    /// Submits `body`, waits until the job has succeeded and has left memory (once its last state is committed):
+    /// from then on it is read from the store.
+    private func submitAndRetire(_ engine: Engine, _ body: String) throws -> String {
+        let id = try submit(engine, body).id
+        XCTAssertEqual(try settled(engine, id).state, .succeeded)
+        var inMemory = true
+        for _ in 0..<100 where inMemory {
+            let committed = DispatchSemaphore(value: 0)
+            engine.store.whenCommitted { _ in committed.signal() }
+            XCTAssertEqual(committed.wait(timeout: .now() + 10), .success)
+            inMemory = engine.queue.sync { engine.runs[id] != nil }
+        }
+        XCTAssertFalse(inMemory, "the settled job never left memory")
+        return id
     }
 
     func testLongPollsAJobSatisfiesShareItsAnswerMadeOnceAndKept() throws {

@@ -220,6 +220,54 @@ final class ReadPathTests: XCTestCase {
         XCTAssertEqual(again.body, http.body)
     }
 
+    func testNodesWithResultsOfAStoredJobAreShownOnceAndSharedWhileAReaderHoldsThem() throws {
+        try start()
+        let url = upstream.url("/json?size=2000")
+        let id = harness.submit(
+            #"{"graph":{"type":"list","children":[{"id":"a","type":"fetch","url":"\#(url)"},"#
+                + #"{"type":"sequence","children":[{"id":"b","type":"fetch","url":"\#(url)"}]}]}}"#)
+        XCTAssertNotNil(harness.settled(id))
+        waitUntilRetired(id)
+        let engine = harness.engine
+        let read = Locked<[NodeRecord]?>(nil)
+        let answered = DispatchSemaphore(value: 0)
+        engine.nodes(jobID: id, includeResults: true) { result in
+            read.withLock { $0 = (try? result.get()) ?? nil }
+            answered.signal()
+        }
+        XCTAssertEqual(answered.wait(timeout: .now() + 10), .success)
+        let records = try XCTUnwrap(read.withLock { $0 })
+        let expected = Presentation.nodeList(records, includeResult: true).bytes
+
+        let first = harness.call(.listNodes, id: id, query: [("include", "result")])
+        XCTAssertEqual(first.status, 200)
+        XCTAssertEqual(first.headers["Content-Type"], "application/json")
+        XCTAssertEqual(first.body, expected, "the nodes as a read of them from the store shows them")
+        let light = harness.call(.listNodes, id: id)
+        XCTAssertEqual(light.body, Presentation.nodeList(records, includeResult: false).bytes)
+
+        func shown() throws -> SettledAnswer? {
+            let answered = DispatchSemaphore(value: 0)
+            let found = Locked<NodeListRead?>(nil)
+            engine.nodeList(jobID: id, includeResults: true) { result in
+                found.withLock { $0 = try? result.get() }
+                answered.signal()
+            }
+            XCTAssertEqual(answered.wait(timeout: .now() + 10), .success)
+            guard case .shown(let answer) = found.withLock({ $0 }) else { return nil }
+            return answer
+        }
+        var held = try XCTUnwrap(try shown())
+        XCTAssertEqual(held.bytes, expected)
+        XCTAssertTrue(try shown() === held, "a reader meanwhile gets the same copy")
+        weak let watched = held
+        held = SettledAnswer([])
+        for queue in engine.readQueues { queue.sync {} }
+        XCTAssertNil(watched, "nothing keeps the list once its readers let go")
+        XCTAssertNil(engine.settledJobs.nodeList(of: id))
+        XCTAssertEqual(try XCTUnwrap(try shown()).bytes, expected, "shown again from the store")
+    }
+
     func testSettledCacheBoundCountsBytesNotEntries() {
         let cache = SettledJobCache(capacityBytes: 100_000)
         var inserted = 0

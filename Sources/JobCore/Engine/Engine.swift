@@ -81,9 +81,13 @@ public final class Engine: @unchecked Sendable {
     /// Settled jobs change no more (but for deletion): their answers, made once, stay in memory up to a byte bound.
     let settledJobs: SettledJobCache
     /// Reads of jobs from the store under way, by id, each with the reads that joined it (`readStored`).
-    let storedReads = Watched<[String: [@Sendable (Result<JobRead, Error>) -> Void]]>([:])
+    let storedReads = JoinedReads<JobRead>()
+    /// Reads of stored jobs' node lists with results under way, joined like `storedReads`.
+    let storedNodeLists = JoinedReads<NodeListRead>()
     /// Makes a settled job's answer; `nil`: settled jobs are not cached.
     private let renderSettled: (@Sendable (JobRecord) -> [UInt8])?
+    /// Shows a settled job's nodes with their results (in tree order); `nil`: node lists are not shared.
+    private let renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])?
     /// Store reads and the answers made from them run here, never on a caller's (event-loop) thread nor on `queue`.
     let reads = ReadPool(queues: 8)
     /// The read pool's queues (tests hold them to play a slow store).
@@ -111,16 +115,19 @@ public final class Engine: @unchecked Sendable {
     ///   - configuration: limits and bounds.
     ///   - logger: one line per job state change.
     ///   - renderSettled: a settled job's answer to a read (the bytes of its JSON), kept in the settled-job cache
+    ///   - renderNodeList: a settled job's nodes with their results, as a read of them answers (`nodeList`)
     ///     (`configuration.settledCacheBytes`); `nil` keeps nothing.
     public init(
         store: JobStore, fetcher: Fetcher, configuration: EngineConfiguration, logger: Logger,
-        renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil
+        renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil,
+        renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil
     ) {
         self.store = store
         self.fetcher = fetcher
         self.configuration = configuration
         self.logger = logger
         self.renderSettled = renderSettled
+        self.renderNodeList = renderNodeList
         self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
         self.responseMemory =
             configuration.maxResponseMemory > 0 ? ByteBudget(limit: configuration.maxResponseMemory, scope: .server) : nil
@@ -559,19 +566,7 @@ public final class Engine: @unchecked Sendable {
     /// thread of the one they joined.
     private func readStored(_ id: String, _ completion: @escaping @Sendable (Result<JobRead, Error>) -> Void) {
         if let settled = settledJobs[id] { return completion(.success(.settled(settled))) }
-        let first = storedReads.withLock { reads -> Bool in
-            guard reads[id] == nil else {
-                reads[id]?.append(completion)
-                return false
-            }
-            reads[id] = []
-            return true
-        }
-        guard first else { return }
-        let read = Result { try readStoredJob(id: id) }
-        let joined = storedReads.withLock { $0.removeValue(forKey: id) ?? [] }
-        completion(read)
-        for join in joined { join(read) }
+        storedReads.read(id, completion) { try readStoredJob(id: id) }
     }
 
     /// Answers from the run in memory (looked at on `queue`), else from `stored` (on a read queue).
@@ -643,6 +638,40 @@ public final class Engine: @unchecked Sendable {
             }) { result in
                 // On a read queue: a map's copies, stored after the submitted nodes, are put in tree order here.
                 completion(result.map { $0?.inTreeOrder() })
+            }
+    }
+
+    /// The job's nodes in tree order, as `GET /v1/jobs/{id}/nodes` shows them. A settled job's nodes with their
+    /// results (twice the job's answer, or more: a parent's result holds its children's) are shown once for the
+    /// reads under way and shared while any reader holds them, as a large settled answer is.
+    public func nodeList(
+        jobID: String, includeResults: Bool, _ completion: @escaping @Sendable (Result<NodeListRead, Error>) -> Void
+    ) {
+        guard includeResults, let renderNodeList else {
+            return nodes(jobID: jobID, includeResults: includeResults) { read in
+                completion(read.map { $0.map(NodeListRead.nodes) ?? .notFound })
+            }
+        }
+        read(
+            jobID, live: { run in NodeListRead.nodes(run.nodeSnapshots(includeResults: true)) },
+            storedThen: { answer in
+                if let shown = self.settledJobs.nodeList(of: jobID) { return answer(.success(.shown(shown))) }
+                self.storedNodeLists.read(jobID, answer) {
+                    // Taken before the read, as for a job's answer.
+                    let removals = self.settledJobs.removals
+                    guard let state = try self.store.jobState(id: jobID) else { return .notFound }
+                    let stored = try self.store.nodes(jobID: jobID, includeResults: true).inTreeOrder()
+                    guard !stored.isEmpty else { return .notFound }
+                    guard state.isSettled else { return .nodes(stored) }
+                    let shown = SettledAnswer(renderNodeList(stored))
+                    self.settledJobs.noteNodeList(shown, of: jobID, ifNoRemovalSince: removals)
+                    return .shown(shown)
+                }
+            }) { read in
+                completion(read.map { found in
+                    if case .nodes(let live) = found { return .nodes(live.inTreeOrder()) }
+                    return found
+                })
             }
     }
 
@@ -1508,6 +1537,15 @@ public enum JobRead: Sendable {
     case unchanged(version: Int64)
 }
 
+/// What `Engine.nodeList` found.
+public enum NodeListRead: Sendable {
+    case notFound
+    /// The nodes (in tree order), of a job still running or asked for without results.
+    case nodes([NodeRecord])
+    /// A settled job's nodes with their results, shown.
+    case shown(SettledAnswer)
+}
+
 /// What `Engine.node` found.
 public enum NodeLookup: Sendable {
     case found(NodeRecord)
@@ -1532,9 +1570,15 @@ final class SettledJobCache: @unchecked Sendable {
     private var removalCount: UInt64 = 0
     /// Answers too large to keep, held by their readers only; an entry whose answer is gone is dropped when met.
     private var held: [String: HeldAnswer] = [:]
+    /// Settled jobs' node lists with results, never kept, found like `held` while a reader holds one.
+    private var heldNodeLists: [String: WeakAnswer] = [:]
 
     private struct HeldAnswer {
         let version: Int64
+        weak var answer: SettledAnswer?
+    }
+
+    private struct WeakAnswer {
         weak var answer: SettledAnswer?
     }
 
@@ -1551,6 +1595,27 @@ final class SettledJobCache: @unchecked Sendable {
                 return nil
             }
             return SettledJob(id: id, version: entry.version, answer: answer)
+        }
+    }
+
+    /// The node list with results of the job, while a reader holds it.
+    func nodeList(of id: String) -> SettledAnswer? {
+        lock.withLock {
+            guard let answer = heldNodeLists[id]?.answer else {
+                heldNodeLists[id] = nil
+                return nil
+            }
+            return answer
+        }
+    }
+
+    /// Notes the node list with results `shown` of the job, found while a reader holds it, unless something was
+    /// removed since `removals` was read.
+    func noteNodeList(_ shown: SettledAnswer, of id: String, ifNoRemovalSince removals: UInt64) {
+        lock.withLock {
+            guard removalCount == removals else { return }
+            heldNodeLists = heldNodeLists.filter { $0.value.answer != nil }
+            heldNodeLists[id] = WeakAnswer(answer: shown)
         }
     }
 
@@ -1594,6 +1659,7 @@ final class SettledJobCache: @unchecked Sendable {
         lock.withLock {
             removalCount &+= 1
             held[id] = nil
+            heldNodeLists[id] = nil
             if let removed = entries.removeValue(forKey: id) { totalBytes -= Self.size(of: removed) }
             compactOrder()
         }
@@ -1603,6 +1669,7 @@ final class SettledJobCache: @unchecked Sendable {
         lock.withLock {
             removalCount &+= 1
             held.removeAll()
+            heldNodeLists.removeAll()
             entries.removeAll()
             order.removeAll()
             head = 0
