@@ -77,34 +77,19 @@ class EngineTests: EngineTestCase {
         defer { for _ in 0..<3 { gate.signal() } }
         let id = try submitAndRetire(engine, #"{"graph":{"type":"fetch","url":\#(u("/json"))}}"#)
 
-        let answers = Watched<[JobRead]>([])
-        let read: @Sendable () -> Void = {
-            engine.readJob(id: id) { result in
-                if let found = try? result.get() { answers.withLock { $0.append(found) } }
-            }
-        }
-        read()
-        XCTAssertTrue(renders.wait(milliseconds: 10_000) { $0 == 1 }, "the first read makes the answer")
-        read()
-        read()
-        XCTAssertTrue(engine.storedReads.underWay.wait(milliseconds: 10_000) { $0[id]?.count == 2 }, "the others join it")
-        gate.signal()
-        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 3 })
-        let shared = answers.withLock { list in list.compactMap { read -> SettledAnswer? in
+        let shared = threeReadsJoined(id, renders: renders, gate: gate, reads: engine.storedReads, {
+            engine.readJob(id: id, $0)
+        }) { read in
             guard case .settled(let job) = read else { return nil }
             return job.answer
-        } }
-        XCTAssertEqual(shared.count, 3)
-        XCTAssertTrue(shared.allSatisfy { $0 === shared[0] }, "one answer for the three")
-        XCTAssertEqual(renders.withLock { $0 }, 1)
-        XCTAssertEqual(engine.storedReads.underWay.withLock { $0.count }, 0)
+        }
 
         // A read while one still holds that answer shares it without a render. (Servers sharing PostgreSQL drop what
         // they keep of a job whenever the store announces a change of it, which may come late.)
         guard !Self.usesPostgres else { return }
         let again = try engine.answer("read of \(id)") { done in engine.readJob(id: id) { done($0) } }.get()
         guard case .settled(let held) = again else { return XCTFail("not a settled answer: \(again)") }
-        XCTAssertTrue(held.answer === shared[0])
+        XCTAssertTrue(held.answer === shared.first)
         XCTAssertEqual(renders.withLock { $0 }, 1)
     }
 
@@ -118,7 +103,7 @@ class EngineTests: EngineTestCase {
         })
         defer { for _ in 0..<3 { gate.signal() } }
         let graph = #"{"graph":{"type":"list","children":[{"id":"a","type":"fetch","url":\#(u("/json"))}]}}"#
-        // While the job runs its nodes are records, shown by the caller; so they are without results.
+        // A job still running has its nodes read as records, which the caller shows.
         let running = try submit(engine, #"{"graph":{"type":"fetch","url":\#(u("/hang"))}}"#).id
         guard case .nodes(let live) = try nodeList(engine, running, includeResults: true) else {
             return XCTFail("a running job's nodes are not records")
@@ -131,37 +116,51 @@ class EngineTests: EngineTestCase {
         XCTAssertEqual(light.map(\.id), ["root", "a"])
         XCTAssertEqual(renders.withLock { $0 }, 0)
 
-        let answers = Watched<[NodeListRead]>([])
-        let read: @Sendable () -> Void = {
-            engine.nodeList(jobID: id, includeResults: true) { result in
-                if let found = try? result.get() { answers.withLock { $0.append(found) } }
-            }
-        }
-        read()
-        XCTAssertTrue(renders.wait(milliseconds: 10_000) { $0 == 1 }, "the first read shows the list")
-        read()
-        read()
-        XCTAssertTrue(engine.storedNodeLists.underWay.wait(milliseconds: 10_000) { $0[id]?.count == 2 }, "the others join it")
-        gate.signal()
-        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 3 })
-        let shown = answers.withLock { list in list.compactMap { read -> SettledAnswer? in
+        let shown = threeReadsJoined(id, renders: renders, gate: gate, reads: engine.storedNodeLists, {
+            engine.nodeList(jobID: id, includeResults: true, $0)
+        }) { read in
             guard case .shown(let answer) = read else { return nil }
             return answer
-        } }
-        XCTAssertEqual(shown.count, 3)
-        XCTAssertTrue(shown.allSatisfy { $0 === shown[0] }, "one list for the three")
-        XCTAssertEqual(String(decoding: shown[0].bytes, as: UTF8.self), "root,a")
-        XCTAssertEqual(renders.withLock { $0 }, 1)
+        }
+        XCTAssertEqual(shown.first.map { String(decoding: $0.bytes, as: UTF8.self) }, "root,a")
         guard !Self.usesPostgres else { return }
         guard case .shown(let held) = try nodeList(engine, id, includeResults: true) else {
             return XCTFail("not the shown list")
         }
-        XCTAssertTrue(held === shown[0], "a read while it is held shares it")
+        XCTAssertTrue(held === shown.first, "a read while it is held shares it")
         XCTAssertEqual(renders.withLock { $0 }, 1)
         // Deleted: the list held is no longer found.
         guard case .deleted = try engine.delete(id: id) else { return XCTFail("not deleted") }
         XCTAssertNil(engine.settledJobs.nodeList(of: id))
         guard case .notFound = try nodeList(engine, id, includeResults: true) else { return XCTFail("found once deleted") }
+    }
+
+    /// Starts three reads of `id` with `start`, the first held in its render (counted by `renders`, let go by `gate`
+    /// once the other two have joined it in `reads`), and gives the answers of the three: one object, made once.
+    private func threeReadsJoined<Read: Sendable>(
+        _ id: String, renders: Watched<Int>, gate: DispatchSemaphore, reads: JoinedReads<Read>,
+        _ start: @escaping @Sendable (@escaping @Sendable (Result<Read, Error>) -> Void) -> Void,
+        answer: (Read) -> SettledAnswer?, file: StaticString = #filePath, line: UInt = #line
+    ) -> [SettledAnswer] {
+        let answers = Watched<[Read]>([])
+        let read: @Sendable () -> Void = {
+            start { result in
+                if let found = try? result.get() { answers.withLock { $0.append(found) } }
+            }
+        }
+        read()
+        XCTAssertTrue(renders.wait(milliseconds: 10_000) { $0 == 1 }, "the first read makes the answer", file: file, line: line)
+        read()
+        read()
+        XCTAssertTrue(reads.underWay.wait(milliseconds: 10_000) { $0[id]?.count == 2 }, "the others join it", file: file, line: line)
+        gate.signal()
+        XCTAssertTrue(answers.wait(milliseconds: 10_000) { $0.count == 3 }, file: file, line: line)
+        let shared = answers.withLock { $0 }.compactMap(answer)
+        XCTAssertEqual(shared.count, 3, file: file, line: line)
+        XCTAssertTrue(shared.allSatisfy { $0 === shared.first }, "one answer for the three", file: file, line: line)
+        XCTAssertEqual(renders.withLock { $0 }, 1, file: file, line: line)
+        XCTAssertEqual(reads.underWay.withLock { $0.count }, 0, file: file, line: line)
+        return shared
     }
 
     private func nodeList(_ engine: Engine, _ id: String, includeResults: Bool) throws -> NodeListRead {
