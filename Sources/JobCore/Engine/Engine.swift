@@ -115,8 +115,9 @@ public final class Engine: @unchecked Sendable {
     ///   - configuration: limits and bounds.
     ///   - logger: one line per job state change.
     ///   - renderSettled: a settled job's answer to a read (the bytes of its JSON), kept in the settled-job cache
-    ///   - renderNodeList: a settled job's nodes with their results, as a read of them answers (`nodeList`)
     ///     (`configuration.settledCacheBytes`); `nil` keeps nothing.
+    ///   - renderNodeList: a settled job's nodes with their results, as a read of them answers (`nodeList`); `nil`
+    ///     shares nothing.
     public init(
         store: JobStore, fetcher: Fetcher, configuration: EngineConfiguration, logger: Logger,
         renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil,
