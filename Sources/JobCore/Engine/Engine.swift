@@ -631,15 +631,19 @@ public final class Engine: @unchecked Sendable {
     ) {
         read(
             jobID, live: { run -> [NodeRecord]? in run.nodeSnapshots(includeResults: includeResults) },
-            stored: {
-                guard try self.store.jobState(id: jobID) != nil else { return nil }
-                let stored = try self.store.nodes(jobID: jobID, includeResults: includeResults)
-                // Every job has its root node: none means it was deleted between the two reads.
-                return stored.isEmpty ? nil : stored
-            }) { result in
+            stored: { try self.storedNodes(jobID: jobID, includeResults: includeResults)?.nodes }) { result in
                 // On a read queue: a map's copies, stored after the submitted nodes, are put in tree order here.
                 completion(result.map { $0?.inTreeOrder() })
             }
+    }
+
+    /// A stored job's state and nodes (in the store's order, not yet in tree order); `nil` when there is no such
+    /// job. On a read queue.
+    private func storedNodes(jobID: String, includeResults: Bool) throws -> (state: NodeState, nodes: [NodeRecord])? {
+        guard let state = try store.jobState(id: jobID) else { return nil }
+        let stored = try store.nodes(jobID: jobID, includeResults: includeResults)
+        // Every job has its root node: none means it was deleted between the two reads.
+        return stored.isEmpty ? nil : (state, stored)
     }
 
     /// The job's nodes in tree order, as `GET /v1/jobs/{id}/nodes` shows them. A settled job's nodes with their
@@ -660,17 +664,16 @@ public final class Engine: @unchecked Sendable {
                 self.storedNodeLists.read(jobID, answer) {
                     // Taken before the read, as for a job's answer.
                     let removals = self.settledJobs.removals
-                    guard let state = try self.store.jobState(id: jobID) else { return .notFound }
-                    let stored = try self.store.nodes(jobID: jobID, includeResults: true).inTreeOrder()
-                    guard !stored.isEmpty else { return .notFound }
-                    guard state.isSettled else { return .nodes(stored) }
-                    let shown = SettledAnswer(renderNodeList(stored))
+                    guard let stored = try self.storedNodes(jobID: jobID, includeResults: true) else { return .notFound }
+                    // Put in tree order below, as a live run's are.
+                    guard stored.state.isSettled else { return .nodes(stored.nodes) }
+                    let shown = SettledAnswer(renderNodeList(stored.nodes.inTreeOrder()))
                     self.settledJobs.noteNodeList(shown, of: jobID, ifNoRemovalSince: removals)
                     return .shown(shown)
                 }
             }) { read in
                 completion(read.map { found in
-                    if case .nodes(let live) = found { return .nodes(live.inTreeOrder()) }
+                    if case .nodes(let nodes) = found { return .nodes(nodes.inTreeOrder()) }
                     return found
                 })
             }
@@ -1569,18 +1572,39 @@ final class SettledJobCache: @unchecked Sendable {
     private var head = 0
     private var totalBytes = 0
     private var removalCount: UInt64 = 0
-    /// Answers too large to keep, held by their readers only; an entry whose answer is gone is dropped when met.
-    private var held: [String: HeldAnswer] = [:]
+    /// Answers too large to keep, with their versions, held by their readers only.
+    private var held = WeakAnswers<Int64>()
     /// Settled jobs' node lists with results, never kept, found like `held` while a reader holds one.
-    private var heldNodeLists: [String: WeakAnswer] = [:]
+    private var heldNodeLists = WeakAnswers<Void>()
 
-    private struct HeldAnswer {
-        let version: Int64
-        weak var answer: SettledAnswer?
-    }
+    /// Answers by job id that only their readers hold, each with what a lookup gives besides (`Extra`): one is found
+    /// while a reader holds it; an entry whose answer is gone is dropped when met, and every such one when another
+    /// is noted, so the entries stay as few as the answers being sent.
+    private struct WeakAnswers<Extra> {
+        private struct Entry {
+            let extra: Extra
+            weak var answer: SettledAnswer?
+        }
 
-    private struct WeakAnswer {
-        weak var answer: SettledAnswer?
+        private var entries: [String: Entry] = [:]
+
+        mutating func find(_ id: String) -> (extra: Extra, answer: SettledAnswer)? {
+            guard let entry = entries[id] else { return nil }
+            guard let answer = entry.answer else {
+                entries[id] = nil
+                return nil
+            }
+            return (entry.extra, answer)
+        }
+
+        mutating func note(_ answer: SettledAnswer, _ extra: Extra, for id: String) {
+            entries = entries.filter { $0.value.answer != nil }
+            entries[id] = Entry(extra: extra, answer: answer)
+        }
+
+        mutating func remove(_ id: String) { entries[id] = nil }
+
+        mutating func removeAll() { entries.removeAll() }
     }
 
     init(capacityBytes: Int) { self.capacityBytes = max(0, capacityBytes) }
@@ -1590,24 +1614,13 @@ final class SettledJobCache: @unchecked Sendable {
     subscript(id: String) -> SettledJob? {
         lock.withLock {
             if let kept = entries[id] { return kept }
-            guard let entry = held[id] else { return nil }
-            guard let answer = entry.answer else {
-                held[id] = nil
-                return nil
-            }
-            return SettledJob(id: id, version: entry.version, answer: answer)
+            return held.find(id).map { SettledJob(id: id, version: $0.extra, answer: $0.answer) }
         }
     }
 
     /// The node list with results of the job, while a reader holds it.
     func nodeList(of id: String) -> SettledAnswer? {
-        lock.withLock {
-            guard let answer = heldNodeLists[id]?.answer else {
-                heldNodeLists[id] = nil
-                return nil
-            }
-            return answer
-        }
+        lock.withLock { heldNodeLists.find(id)?.answer }
     }
 
     /// Notes the node list with results `shown` of the job, found while a reader holds it, unless something was
@@ -1615,8 +1628,7 @@ final class SettledJobCache: @unchecked Sendable {
     func noteNodeList(_ shown: SettledAnswer, of id: String, ifNoRemovalSince removals: UInt64) {
         lock.withLock {
             guard removalCount == removals else { return }
-            heldNodeLists = heldNodeLists.filter { $0.value.answer != nil }
-            heldNodeLists[id] = WeakAnswer(answer: shown)
+            heldNodeLists.note(shown, (), for: id)
         }
     }
 
@@ -1636,9 +1648,7 @@ final class SettledJobCache: @unchecked Sendable {
         guard size <= capacityBytes / 8 else {
             lock.withLock {
                 guard removalCount == removals else { return }
-                // Those no reader holds any more go first: the notes stay as few as the large answers being sent.
-                held = held.filter { $0.value.answer != nil }
-                held[job.id] = HeldAnswer(version: job.version, answer: job.answer)
+                held.note(job.answer, job.version, for: job.id)
             }
             return
         }
@@ -1659,8 +1669,8 @@ final class SettledJobCache: @unchecked Sendable {
     func remove(_ id: String) {
         lock.withLock {
             removalCount &+= 1
-            held[id] = nil
-            heldNodeLists[id] = nil
+            held.remove(id)
+            heldNodeLists.remove(id)
             if let removed = entries.removeValue(forKey: id) { totalBytes -= Self.size(of: removed) }
             compactOrder()
         }
