@@ -40,7 +40,7 @@ let package = Package(
         .testTarget(name: "ThreadsTests", dependencies: ["Threads"]),
         .testTarget(name: "HTTPServerTests", dependencies: ["HTTPServer", "TestSupport", "Threads"]),
         .testTarget(name: "JobCoreTests", dependencies: ["JobCore", "TestSupport", "Threads"]),
-        .testTarget(name: "JobServerTests", dependencies: ["JobServer", "HTTPServer", "JobCore", "TestSupport", "Threads"]),
+        .testTarget(name: "JobServerTests", dependencies: ["JobServer", "HTTPServer", "JobCore", "TestSupport"]),
     ],
     swiftLanguageModes: [.v6]
 )

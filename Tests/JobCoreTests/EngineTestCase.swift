@@ -181,22 +181,9 @@ final class Box<T>: @unchecked Sendable {
     init(_ value: T) { self.value = value }
 }
 
-/// Blocking reads over the engine's asynchronous entry points, for tests (never on an event loop).
+/// Blocking reads over the engine's asynchronous entry points, for tests (never on an event loop), over
+/// `Engine.answer` (TestSupport).
 extension Engine {
-    /// Starts `start` and waits (at most 10 s) for the value it passes on.
-    func answer<T>(_ what: String, _ start: (@escaping @Sendable (T) -> Void) -> Void) throws -> T {
-        let done = DispatchSemaphore(value: 0)
-        let box = Box<T?>(nil)
-        start { value in
-            box.value = value
-            done.signal()
-        }
-        guard done.wait(timeout: .now() + 10) == .success, let value = box.value else {
-            throw UpstreamError("no answer for \(what) within 10 s")
-        }
-        return value
-    }
-
     /// The job as it is now (a long-poll that does not wait).
     func job(id: String) throws -> JobRecord? {
         try answer("job \(id)") { done in _ = waitForChange(id: id, afterVersion: nil, timeoutMs: 0) { done($0) } }

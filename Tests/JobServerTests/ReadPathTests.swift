@@ -1,7 +1,6 @@
 import Foundation
 import HTTPServer
 import TestSupport
-import Threads
 import XCTest
 
 @testable import JobCore
@@ -185,14 +184,8 @@ final class ReadPathTests: XCTestCase {
         XCTAssertNotNil(harness.settled(id))
         let engine = harness.engine
         func read() throws -> SettledJob? {
-            let answered = DispatchSemaphore(value: 0)
-            let found = Locked<JobRead?>(nil)
-            engine.readJob(id: id) { result in
-                found.withLock { $0 = try? result.get() }
-                answered.signal()
-            }
-            XCTAssertEqual(answered.wait(timeout: .now() + 10), .success)
-            guard case .settled(let settled) = found.withLock({ $0 }) else { return nil }
+            let found = try engine.answer("read of \(id)") { engine.readJob(id: id, $0) }.get()
+            guard case .settled(let settled) = found else { return nil }
             return settled
         }
         waitUntilRetired(id)
@@ -229,14 +222,8 @@ final class ReadPathTests: XCTestCase {
         XCTAssertNotNil(harness.settled(id))
         waitUntilRetired(id)
         let engine = harness.engine
-        let read = Locked<[NodeRecord]?>(nil)
-        let answered = DispatchSemaphore(value: 0)
-        engine.nodes(jobID: id, includeResults: true) { result in
-            read.withLock { $0 = (try? result.get()) ?? nil }
-            answered.signal()
-        }
-        XCTAssertEqual(answered.wait(timeout: .now() + 10), .success)
-        let records = try XCTUnwrap(read.withLock { $0 })
+        let records = try XCTUnwrap(
+            try engine.answer("nodes of \(id)") { engine.nodes(jobID: id, includeResults: true, $0) }.get())
         let expected = Presentation.nodeList(records, includeResult: true).bytes
 
         let first = harness.call(.listNodes, id: id, query: [("include", "result")])
@@ -247,14 +234,8 @@ final class ReadPathTests: XCTestCase {
         XCTAssertEqual(light.body, Presentation.nodeList(records, includeResult: false).bytes)
 
         func shown() throws -> SettledAnswer? {
-            let answered = DispatchSemaphore(value: 0)
-            let found = Locked<NodeListRead?>(nil)
-            engine.nodeList(jobID: id, includeResults: true) { result in
-                found.withLock { $0 = try? result.get() }
-                answered.signal()
-            }
-            XCTAssertEqual(answered.wait(timeout: .now() + 10), .success)
-            guard case .shown(let answer) = found.withLock({ $0 }) else { return nil }
+            let found = try engine.answer("nodes of \(id)") { engine.nodeList(jobID: id, includeResults: true, $0) }.get()
+            guard case .shown(let answer) = found else { return nil }
             return answer
         }
         var held = try XCTUnwrap(try shown())
