@@ -135,6 +135,40 @@ class EngineTests: EngineTestCase {
         guard case .notFound = try nodeList(engine, id, includeResults: true) else { return XCTFail("found once deleted") }
     }
 
+    /// A large run leaving memory, and a large answer made from the store (a job's, or its nodes' with results), ask
+    /// for what they freed to be given back; smaller ones do not.
+    func testLargeRunsLeavingAndLargeAnswersFromTheStoreAskForTheirMemoryBack() throws {
+        let engine = try makeEngine(
+            renderSettled: { job in Array(#"{"id":"\#(job.id)"}"#.utf8) },
+            renderNodeList: { nodes in Array(nodes.map(\.id).joined(separator: ",").utf8) })
+        let memory = engine.memoryReturn
+        memory.minNodes = 3
+        memory.minAnswerBytes = .max
+        func list(_ n: Int) -> String {
+            let child = #"{"type":"fetch","url":\#(u("/json"))}"#
+            return #"{"graph":{"type":"list","children":["# + Array(repeating: child, count: n).joined(separator: ",") + "]}}"
+        }
+        // The run's leaving is counted in a turn of the queue after it left.
+        let small = try submitAndRetire(engine, list(1))
+        engine.queue.sync {}
+        XCTAssertFalse(memory.isPending, "a run of two nodes")
+        let large = try submitAndRetire(engine, list(2))
+        engine.queue.sync {}
+        XCTAssertTrue(memory.waitForTrims(1, milliseconds: 10_000), "a run of three nodes")
+
+        guard case .settled = try readJob(engine, small) else { return XCTFail("not the settled answer") }
+        XCTAssertFalse(memory.isPending, "a small answer")
+        memory.minAnswerBytes = 1
+        guard case .settled = try readJob(engine, large) else { return XCTFail("not the settled answer") }
+        XCTAssertTrue(memory.waitForTrims(2, milliseconds: 10_000), "a large answer")
+        guard case .shown = try nodeList(engine, large, includeResults: true) else { return XCTFail("not shown") }
+        XCTAssertTrue(memory.waitForTrims(3, milliseconds: 10_000), "a large node list")
+    }
+
+    private func readJob(_ engine: Engine, _ id: String) throws -> JobRead {
+        try engine.answer("job \(id)") { done in engine.readJob(id: id) { done($0) } }.get()
+    }
+
     /// Starts three reads of `id` with `start`, the first held in its render (counted by `renders`, let go by `gate`
     /// once the other two have joined it in `reads`), and gives the answers of the three: one object, made once.
     private func threeReadsJoined<Read: Sendable>(

@@ -366,6 +366,33 @@ class ResultStorageTests: EngineTestCase {
         noChild.remove(at: 1)
         XCTAssertThrowsError(try ResultAssembly.assemble(&noChild) { ids in Dictionary(uniqueKeysWithValues: ids.map { ($0, body) }) })
     }
+
+    /// A list of more fetches than `bodyBatch` has its bodies asked for a batch at a time, each asked for once, and
+    /// every one filled in: the raw bodies of one batch are held at once, not the job's.
+    func testAssemblyAsksForBodiesABatchAtATime() throws {
+        let n = ResultAssembly.bodyBatch * 2 + 1
+        var root = NodeRecord(jobID: "j", id: "root", parent: nil, position: 0, type: "list", state: .succeeded)
+        root.resultSource = .children(consumeErrors: false)
+        var nodes = [root]
+        for k in 1...n {
+            var node = NodeRecord(jobID: "j", id: "f\(k)", parent: "root", position: k, type: "fetch", state: .succeeded)
+            node.result = .object([
+                JSONMember("status", 200), JSONMember("body", .string("body \(k)")), JSONMember("body_encoding", "text"),
+            ])
+            node.resultSource = .body
+            nodes.append(node)
+        }
+        nodes[0].result = .array(nodes.dropFirst().map { $0.result ?? .null })
+        var rows = asStored(nodes)
+        var asked: [[String]] = []
+        try ResultAssembly.assemble(&rows) { ids in
+            asked.append(ids)
+            return Dictionary(uniqueKeysWithValues: ids.map { ($0, Array("body \($0.dropFirst())".utf8)) })
+        }
+        XCTAssertEqual(asked.map(\.count), [ResultAssembly.bodyBatch, ResultAssembly.bodyBatch, 1])
+        XCTAssertTrue(asked.flatMap { $0 } == nodes.dropFirst().map(\.id), "each body asked for once, in order")
+        XCTAssertTrue(rows == nodes, "every body filled in")
+    }
 }
 
 final class PostgresResultStorageTests: ResultStorageTests {

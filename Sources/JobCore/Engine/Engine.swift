@@ -88,6 +88,8 @@ public final class Engine: @unchecked Sendable {
     private let renderSettled: (@Sendable (JobRecord) -> [UInt8])?
     /// Shows a settled job's nodes with their results (in tree order); `nil`: node lists are not shared.
     private let renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])?
+    /// Gives back to the system what large runs and large reads from the store free.
+    let memoryReturn = MemoryReturn()
     /// Store reads and the answers made from them run here, never on a caller's (event-loop) thread nor on `queue`.
     let reads = ReadPool(queues: 8)
     /// The read pool's queues (tests hold them to play a slow store).
@@ -605,6 +607,8 @@ public final class Engine: @unchecked Sendable {
         guard job.state.isSettled, let renderSettled else { return .record(job) }
         let settled = SettledJob(id: job.id, version: job.version, body: renderSettled(job))
         settledJobs.insert(settled, ifNoRemovalSince: removals)
+        // The results read are let go of on return.
+        memoryReturn.answerMade(bytes: settled.body.count)
         return .settled(settled)
     }
 
@@ -669,6 +673,7 @@ public final class Engine: @unchecked Sendable {
                     guard stored.state.isSettled else { return .nodes(stored.nodes) }
                     let shown = SettledAnswer(renderNodeList(stored.nodes.inTreeOrder()))
                     self.settledJobs.noteNodeList(shown, of: jobID, ifNoRemovalSince: removals)
+                    self.memoryReturn.answerMade(bytes: shown.bytes.count)
                     return .shown(shown)
                 }
             }) { read in
@@ -1280,6 +1285,9 @@ public final class Engine: @unchecked Sendable {
         store.whenCommitted { _ in
             self.queue.async {
                 for run in batch { self.forget(run) }
+                // Asked for in the next turn: the runs are let go of when this one ends.
+                let nodes = batch.reduce(0) { $0 + $1.nodes.count }
+                self.queue.async { self.memoryReturn.runsLeft(nodes: nodes) }
                 if self.retiring.isEmpty {
                     self.retireScheduled = false
                 } else {
