@@ -9,9 +9,9 @@ import Glibc
 ///
 /// A job of many nodes, or a stored one read back, is made of millions of small allocations: its results, their
 /// members and strings. glibc keeps what they free in its arenas, and returns only a free stretch at an arena's top,
-/// which the allocations of other work soon pin: a job of 100,000 fetches of 1 KiB left the server at 420 MiB
-/// resident after it had left memory, and one read of it from the store at 355 MiB, where 36 MiB was in use.
-/// `malloc_trim` hands back every free page of every arena; that run, the server was at 36 MiB again.
+/// which the allocations of other work soon pin: a job of 100,000 fetches of 1 KiB left the server at 541–589 MiB
+/// resident after it had left memory, and one read of it from the store at 355 MiB, where 35 MiB was in use
+/// (`bench/88-many-results.sh`). `malloc_trim` hands back every free page of every arena.
 ///
 /// `bulkFreed` is called after such work let go of its values. It asks for one trim, `delayMs` later on a
 /// background queue, so that what is being freed is freed by then, and so that a burst of such work (many large jobs

@@ -170,9 +170,10 @@ enum ResultAssembly {
         guard let bytes = raw[node.id] else {
             throw StoreError(.corrupt, "the response body of node \(node.id) is not stored")
         }
+        let decoded = try body(bytes, encoding: encoding)
         // Out of the record while it changes, so that its members array is not copied.
         node.result = nil
-        members[b].value = try body(bytes, encoding: encoding)
+        members[b].value = decoded
         node.result = .object(members)
     }
 
