@@ -2,10 +2,13 @@
 // same connection, in the caller's snapshot, and put together by `ResultAssembly`.
 
 extension Rows {
-    /// The job's node rows from `position` on, in position order, results as stored.
-    static func storedNodes(jobID: String, from position: Int, db: SQLiteConnection) throws -> [NodeRecord] {
+    /// The job's node rows from `position` on, in position order, results as stored; `columns` as `Columns.node`
+    /// names them (or `NULL` for some).
+    static func storedNodes(
+        jobID: String, from position: Int, columns: String = Columns.node, db: SQLiteConnection
+    ) throws -> [NodeRecord] {
         let statement = try db.prepare(
-            "SELECT \(Columns.node) FROM nodes WHERE job_id = ?1 AND position >= ?2 ORDER BY position")
+            "SELECT \(columns) FROM nodes WHERE job_id = ?1 AND position >= ?2 ORDER BY position")
         defer { statement.reset() }
         statement.bind(1, jobID)
         statement.bind(2, position)
@@ -35,11 +38,13 @@ extension Rows {
         try ResultAssembly.assemble(&nodes, target: target) { ids in try bodies(jobID: jobID, nodeIDs: ids, db: db) }
     }
 
-    /// Fills in the job's result when its row refers to its root's (`ResultAssembly.assembleResult`).
+    /// Fills in the job's result when its row refers to its root's (`ResultAssembly.assembleResult`). The nodes are
+    /// read only for their results: without the requests they sent, which a read of a job of 100,000 fetches parsed
+    /// and held for nothing.
     static func assembleResult(of job: inout JobRecord, db: SQLiteConnection) throws {
         let id = job.id
         try ResultAssembly.assembleResult(
-            of: &job, rows: { try storedNodes(jobID: id, from: $0, db: db) },
+            of: &job, rows: { try storedNodes(jobID: id, from: $0, columns: Columns.nodeForResults, db: db) },
             bodies: { try bodies(jobID: id, nodeIDs: $0, db: db) })
     }
 

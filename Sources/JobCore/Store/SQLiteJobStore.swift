@@ -1445,6 +1445,9 @@ enum Columns {
         + "status, recovered, error, result, request, pages, result_ref"
     static let nodeWithoutResult = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, "
         + "elapsed_ms, status, recovered, error, NULL, request, pages, NULL"
+    /// What putting a job's result together reads of its nodes: not the request each fetch sent, nor its pages.
+    static let nodeForResults = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, "
+        + "elapsed_ms, status, recovered, error, result, NULL, NULL, result_ref"
 
     /// `columns` with each name qualified by `table`.
     static func prefixed(_ table: String, _ columns: String) -> String {

@@ -2,10 +2,14 @@
 // read on the same connection, in the caller's snapshot, and put together by `ResultAssembly`, as on SQLite.
 
 extension PGRows {
-    /// The job's node rows from `position` on, in position order, results as stored.
-    static func storedNodes(jobID: String, from position: Int, db: PostgresConnection) throws -> [NodeRecord] {
+    /// The job's node rows from `position` on, in position order, results as stored; only what its result needs
+    /// with `forResults` (`nodeForResults`).
+    static func storedNodes(
+        jobID: String, from position: Int, forResults: Bool = false, db: PostgresConnection
+    ) throws -> [NodeRecord] {
+        let (name, columns) = forResults ? ("nodes_from_for_results", nodeForResults) : ("nodes_from", node)
         let rows = try db.run(
-            prepared: "nodes_from", "SELECT \(node) FROM nodes WHERE job_id = $1 AND position >= $2 ORDER BY position",
+            prepared: name, "SELECT \(columns) FROM nodes WHERE job_id = $1 AND position >= $2 ORDER BY position",
             [.text(jobID), .int(position)])
         return try PGRows.rows(rows).map(PGRows.node)
     }
@@ -32,11 +36,12 @@ extension PGRows {
         try ResultAssembly.assemble(&nodes, target: target) { ids in try bodies(jobID: jobID, nodeIDs: ids, db: db) }
     }
 
-    /// Fills in the job's result when its row refers to its root's (`ResultAssembly.assembleResult`).
+    /// Fills in the job's result when its row refers to its root's (`ResultAssembly.assembleResult`), from the
+    /// nodes' results alone.
     static func assembleResult(of job: inout JobRecord, db: PostgresConnection) throws {
         let id = job.id
         try ResultAssembly.assembleResult(
-            of: &job, rows: { try storedNodes(jobID: id, from: $0, db: db) },
+            of: &job, rows: { try storedNodes(jobID: id, from: $0, forResults: true, db: db) },
             bodies: { try bodies(jobID: id, nodeIDs: $0, db: db) })
     }
 

@@ -14,6 +14,8 @@ enum PGRows {
         + "status, recovered, error, result, request, pages, result_ref"
     static let nodeWithoutResult = "job_id, position, id, parent, type, state, attempts, started_at, finished_at, "
         + "elapsed_ms, status, recovered, error, NULL, request, pages, NULL"
+    /// As `Columns.nodeForResults`: what putting a job's result together reads of its nodes.
+    static let nodeForResults = Columns.nodeForResults
 
     static func prefixed(_ table: String, _ columns: String) -> String {
         Columns.prefixed(table, columns)
