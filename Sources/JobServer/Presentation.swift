@@ -93,6 +93,28 @@ enum Presentation {
     /// The bytes of `GET /v1/jobs/{id}`'s answer: the job object with its result.
     @Sendable static func jobBytes(_ record: JobRecord) -> [UInt8] { job(record).bytes }
 
+    /// `jobBytes` of `record` with the result that `result` writes: the job object is written around it, the result
+    /// written into the answer's own buffer, never held as values.
+    @Sendable static func jobBytes(_ record: JobRecord, result: StoredResultText) throws -> [UInt8] {
+        guard case .object(let members) = job(record), let k = members.firstIndex(where: { $0.key == "result" }), k > 0
+        else { return jobBytes(record) }
+        // `{…}` of the members before the result, and of those after it: each written as an object and cut.
+        let head = JSONValue.object(Array(members[..<k])).bytes
+        let tail = JSONValue.object(Array(members[(k + 1)...])).bytes
+        var out: [UInt8] = []
+        out.reserveCapacity(head.count + tail.count + 16 + result.capacityBytes)
+        out.append(contentsOf: head.dropLast())
+        out.append(contentsOf: #","result":"#.utf8)
+        try result.write(to: &out)
+        if tail.count > 2 {
+            out.append(UInt8(ascii: ","))
+            out.append(contentsOf: tail.dropFirst())
+        } else {
+            out.append(UInt8(ascii: "}"))
+        }
+        return out
+    }
+
     /// One node of `GET /v1/jobs/{id}/nodes`; `result` only when asked for.
     static func node(_ node: NodeRecord, includeResult: Bool) -> JSONValue {
         var members = [

@@ -55,7 +55,8 @@ final class Service: @unchecked Sendable {
             throw StartupError(step: "start the fetcher", underlying: error)
         }
         engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
-            renderSettled: Presentation.jobBytes, renderNodeList: Presentation.nodeListBytes)
+            renderSettled: Presentation.jobBytes, renderSettledWithResultText: Presentation.jobBytes,
+            renderNodeList: Presentation.nodeListBytes)
         let engine = self.engine
         webhooks = WebhookOutbox(
             database: outboxDatabase, store: store, fetcher: fetcher, configuration: config.webhookConfiguration,

@@ -28,6 +28,7 @@ class ResultStorageTests: EngineTestCase {
         for (job, nodes) in live {
             let stored = try XCTUnwrap(try second.job(id: job.id))
             XCTAssertEqual(stored.result, job.result, "job \(job.id)'s result read back differs")
+            try checkResultText(second, job)
             XCTAssertEqual(stored.state, job.state)
             let storedNodes = try XCTUnwrap(try second.nodes(jobID: job.id, includeResults: true))
             XCTAssertEqual(storedNodes.count, nodes.count)
@@ -42,6 +43,30 @@ class ResultStorageTests: EngineTestCase {
             out.append((stored, Dictionary(uniqueKeysWithValues: storedNodes.map { ($0.id, $0) })))
         }
         return out
+    }
+
+    /// The job's result written as text from its rows (`JobStore.showStoredJob`) is the text of `job`'s result (as
+    /// the engine that ran it had it); on SQLite, a settled job whose row refers to its root's result is shown so.
+    func checkResultText(_ engine: Engine, _ job: JobRecord, file: StaticString = #filePath, line: UInt = #line) throws {
+        let found = try engine.store.showStoredJob(id: job.id) { _, result -> [UInt8] in
+            var out: [UInt8] = []
+            try result.write(to: &out)
+            return out
+        }
+        switch found {
+        case .shown(let record, let bytes):
+            XCTAssertEqual(record.resultSource, .child(0), file: file, line: line)
+            XCTAssertEqual(
+                String(decoding: bytes, as: UTF8.self), job.result?.text,
+                "job \(job.id)'s result written from its rows differs", file: file, line: line)
+        case .record(let record):
+            XCTAssertEqual(record.result, job.result, file: file, line: line)
+            if !Self.usesPostgres, record.state.isSettled {
+                XCTAssertNotEqual(record.resultSource, .child(0), "not written from its rows", file: file, line: line)
+            }
+        case .notFound:
+            XCTFail("job \(job.id) not found", file: file, line: line)
+        }
     }
 
     /// `result_ref` of each node of the job, by node id (`nil`: written in full).

@@ -150,6 +150,32 @@ final class ReadPathTests: XCTestCase {
         XCTAssertNil(missing.headers["ETag"])
     }
 
+    /// A job read from the store has its result written from its nodes' rows into the answer: byte for byte what its
+    /// result read as values makes (every entry kind, a nested list, a first result, members after the result).
+    func testAStoredJobsAnswerWrittenFromItsRowsIsTheAnswerItsResultAsValuesMakes() throws {
+        // Entries up to 1 KiB are kept; this job's answer is larger, so it is made from the store once retired.
+        try start { $0.settledCacheBytes = 8 << 10 }
+        func fetch(_ path: String) -> String { #"{"type":"fetch","url":"\#(upstream.url(path))"}"# }
+        let body = """
+            {"name":"mixed","metadata":{"team":"a"},"graph":{"type":"list","children":[
+              \(fetch("/json")), \(fetch("/text")), \(fetch("/bytes/10")), \(fetch("/status/404")),
+              {"type":"list","consume_errors":true,"children":[\(fetch("/status/404")), \(fetch("/json?size=50"))]},
+              {"type":"list","fire_on_first_result":true,"children":[\(fetch("/json?size=60"))]}]}}
+            """
+        let id = harness.submit(body)
+        XCTAssertEqual(harness.settled(id)?["state"], "succeeded")
+        waitUntilRetired(id)
+        let engine = harness.engine
+        // The long-poll's answer is let go of once its read is through: the read below makes it from the store.
+        for queue in engine.readQueues { queue.sync {} }
+        XCTAssertNil(engine.settledJobs[id])
+        let stored = try XCTUnwrap(try engine.store.jobWithoutRequest(id: id))
+        XCTAssertEqual(stored.resultSource, .child(0), "the job's row refers to its root's result")
+        let answer = harness.call(.getJob, id: id)
+        XCTAssertEqual(answer.status, 200)
+        XCTAssertEqual(answer.text, String(decoding: Presentation.jobBytes(stored), as: UTF8.self))
+    }
+
     // MARK: The settled-job cache
 
     func testSettledCacheStaysWithinItsByteBound() throws {

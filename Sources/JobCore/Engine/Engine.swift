@@ -86,6 +86,9 @@ public final class Engine: @unchecked Sendable {
     let storedNodeLists = JoinedReads<NodeListRead>()
     /// Makes a settled job's answer; `nil`: settled jobs are not cached.
     private let renderSettled: (@Sendable (JobRecord) -> [UInt8])?
+    /// Makes a settled job's answer with its result written as text from the stored rows (`StoredResultText`);
+    /// `nil`: a stored job's answer is made from its result as values (`renderSettled`).
+    private let renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> [UInt8])?
     /// Shows a settled job's nodes with their results (in tree order); `nil`: node lists are not shared.
     private let renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])?
     /// Gives back to the system what large runs and large reads from the store free.
@@ -118,11 +121,15 @@ public final class Engine: @unchecked Sendable {
     ///   - logger: one line per job state change.
     ///   - renderSettled: a settled job's answer to a read (the bytes of its JSON), kept in the settled-job cache
     ///     (`configuration.settledCacheBytes`); `nil` keeps nothing.
+    ///   - renderSettledWithResultText: the same answer, for a job read from the store, with its result written in
+    ///     by the `StoredResultText` given (the store writes it from the rows' text, never holding it as values);
+    ///     `nil`: the stored job's result is read as values and `renderSettled` shows it.
     ///   - renderNodeList: a settled job's nodes with their results, as a read of them answers (`nodeList`); `nil`
     ///     shares nothing.
     public init(
         store: JobStore, fetcher: Fetcher, configuration: EngineConfiguration, logger: Logger,
         renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil,
+        renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> [UInt8])? = nil,
         renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil
     ) {
         self.store = store
@@ -130,6 +137,7 @@ public final class Engine: @unchecked Sendable {
         self.configuration = configuration
         self.logger = logger
         self.renderSettled = renderSettled
+        self.renderSettledWithResultText = renderSettledWithResultText
         self.renderNodeList = renderNodeList
         self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
         self.responseMemory =
@@ -602,10 +610,28 @@ public final class Engine: @unchecked Sendable {
     private func readStoredJob(id: String) throws -> JobRead {
         // Taken before the read: a delete meanwhile must not be undone by keeping what was read before it.
         let removals = settledJobs.removals
-        guard var job = try store.jobWithoutRequest(id: id) else { return .notFound }
-        job.notify = notifyStatus?(id)
-        guard job.state.isSettled, let renderSettled else { return .record(job) }
-        let settled = SettledJob(id: job.id, version: job.version, body: renderSettled(job))
+        let found: StoredJobShown<[UInt8]>
+        if renderSettled != nil, let renderSettledWithResultText {
+            found = try store.showStoredJob(id: id) { job, result in
+                var job = job
+                job.notify = notifyStatus?(id)
+                return try renderSettledWithResultText(job, result)
+            }
+        } else {
+            found = try store.jobWithoutRequest(id: id).map(StoredJobShown.record) ?? .notFound
+        }
+        let shown: (version: Int64, bytes: [UInt8])
+        switch found {
+        case .notFound:
+            return .notFound
+        case .shown(let job, let bytes):
+            shown = (job.version, bytes)
+        case .record(var job):
+            job.notify = notifyStatus?(id)
+            guard job.state.isSettled, let renderSettled else { return .record(job) }
+            shown = (job.version, renderSettled(job))
+        }
+        let settled = SettledJob(id: id, version: shown.version, body: shown.bytes)
         settledJobs.insert(settled, ifNoRemovalSince: removals)
         // The results read are let go of on return.
         memoryReturn.answerMade(bytes: settled.body.count)

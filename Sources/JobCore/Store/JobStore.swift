@@ -124,7 +124,21 @@ public struct UnreadableJob: Sendable {
     }
 }
 
+/// What `JobStore.showStoredJob` found.
+public enum StoredJobShown<T> {
+    case notFound
+    /// The job as `jobWithoutRequest` reads it, its result (if any) as values.
+    case record(JobRecord)
+    /// The job read without its result, and what `make` made of it.
+    case shown(JobRecord, T)
+}
+
 extension JobStore {
+    /// The job as `jobWithoutRequest` reads it: a store that cannot write a result from its rows' text.
+    public func showStoredJob<T>(id: String, _ make: (JobRecord, StoredResultText) throws -> T) throws -> StoredJobShown<T> {
+        try jobWithoutRequest(id: id).map(StoredJobShown.record) ?? .notFound
+    }
+
     /// Queues state changes that are not urgent (see the requirement).
     public func enqueue(jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)]) {
         enqueue(jobs: jobs, nodes: nodes, bodies: bodies, urgent: false)
@@ -231,6 +245,11 @@ public protocol JobStore: AnyObject, Sendable {
 
     /// The job as reads show it: everything but the submitted `request` (`.null`), which is neither read nor parsed.
     func jobWithoutRequest(id: String) throws -> JobRecord?
+
+    /// A settled job as reads show it, made into `T` by `make` with its result written as text from its nodes' rows
+    /// (`StoredResultText`) where the store can, so that the result is never held as values; otherwise (and for a
+    /// job not settled, or whose row holds its result in full) the job as `jobWithoutRequest` reads it.
+    func showStoredJob<T>(id: String, _ make: (JobRecord, StoredResultText) throws -> T) throws -> StoredJobShown<T>
 
     /// The job's state alone, or `nil` when there is no such job.
     func jobState(id: String) throws -> NodeState?

@@ -162,7 +162,7 @@ enum ResultAssembly {
     static let bodyBatch = 1_024
 
     /// Fills in the `body` member of `node`'s result (stored with `"body": null`) from its raw response body.
-    private static func fillBody(_ node: inout NodeRecord, from raw: [String: [UInt8]]) throws {
+    static func fillBody(_ node: inout NodeRecord, from raw: [String: [UInt8]]) throws {
         guard case .object(var members)? = node.result else { return }
         guard let b = bodyMember(members), let encoding = node.result?["body_encoding"]?.stringValue else {
             throw StoreError(.corrupt, "stored result of node \(node.id) has no body to fill in")

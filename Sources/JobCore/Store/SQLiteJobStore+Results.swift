@@ -17,6 +17,44 @@ extension Rows {
         return nodes
     }
 
+    /// The result of the job's root, to be written as text from its nodes' rows (`ResultText`), in the caller's
+    /// transaction: the rows are read now, each body when its fetch's result is written.
+    static func resultText(jobID: String, db: SQLiteConnection) throws -> StoredResultText {
+        let statement = try db.prepare(
+            "SELECT id, parent, state, error, result, result_ref FROM nodes WHERE job_id = ?1 ORDER BY position")
+        defer { statement.reset() }
+        statement.bind(1, jobID)
+        var rows: [ResultRow] = []
+        var textBytes = 0
+        while try statement.step() {
+            guard let id = statement.string(0), let text = statement.string(2), let state = NodeState(rawValue: text) else {
+                throw StoreError(.corrupt, "node of job \(jobID) without id or state")
+            }
+            let result = statement.blob(4)
+            textBytes += result?.count ?? 0
+            rows.append(ResultRow(
+                id: id, parent: statement.string(1), state: state, error: statement.blob(3), result: result,
+                source: try ResultSource(code: statement.optionalInt(5))))
+        }
+        let sizes = try db.prepare("SELECT COALESCE(SUM(length(bytes)), 0) FROM bodies WHERE job_id = ?1")
+        defer { sizes.reset() }
+        sizes.bind(1, jobID)
+        let bodyBytes = try sizes.step() ? sizes.int(0) : 0
+        // Room for every body as base64 (4/3), the largest a body's text takes but for escapes; what is not written
+        // is never touched, so it costs no memory.
+        let capacity = textBytes + bodyBytes / 3 * 4 + 4 + rows.count * 16 + (1 << 16)
+        let body = try db.prepare("SELECT bytes FROM bodies WHERE job_id = ?1 AND node_id = ?2")
+        return StoredResultText(capacityBytes: capacity) { out in
+            try ResultText.write(rows, into: &out) { nodeID in
+                body.reset()
+                body.bind(1, jobID)
+                body.bind(2, nodeID)
+                return try body.step() ? body.blob(0) ?? [] : nil
+            }
+            body.reset()
+        }
+    }
+
     /// The stored response bodies of the job's nodes `nodeIDs` (those found).
     static func bodies(jobID: String, nodeIDs: [String], db: SQLiteConnection) throws -> [String: [UInt8]] {
         let statement = try db.prepare("SELECT bytes FROM bodies WHERE job_id = ?1 AND node_id = ?2")

@@ -226,6 +226,27 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         try readJob(id: id, columns: Columns.shownJob)
     }
 
+    public func showStoredJob<T>(id: String, _ make: (JobRecord, StoredResultText) throws -> T) throws -> StoredJobShown<T> {
+        try readers.with { db in
+            try db.execute("BEGIN")
+            defer { try? db.execute("COMMIT") }
+            let statement = try db.prepare("SELECT \(Columns.shownJob) FROM jobs WHERE id = ?1")
+            statement.bind(1, id)
+            let found: JobRecord?
+            do {
+                defer { statement.reset() }
+                found = try statement.step() ? try Rows.job(statement) : nil
+            }
+            guard var job = found else { return .notFound }
+            guard job.state.isSettled, job.resultSource == .child(0) else {
+                try Rows.assembleResult(of: &job, db: db)
+                return .record(job)
+            }
+            // Read and written in this transaction: the rows, then each body as its fetch's result is written.
+            return .shown(job, try make(job, try Rows.resultText(jobID: id, db: db)))
+        }
+    }
+
     private func readJob(id: String, columns: String) throws -> JobRecord? {
         try readers.with { db in
             try db.execute("BEGIN")

@@ -86,7 +86,8 @@ final class AppHarness {
         }
         fetcher = try Fetcher(configuration: config.fetcherConfiguration)
         engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
-            renderSettled: Presentation.jobBytes, renderNodeList: Presentation.nodeListBytes)
+            renderSettled: Presentation.jobBytes, renderSettledWithResultText: Presentation.jobBytes,
+            renderNodeList: Presentation.nodeListBytes)
         try engine.start()
         app = App(engine: engine, fetcher: fetcher, config: config, logger: logger)
     }
