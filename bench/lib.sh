@@ -80,6 +80,26 @@ CONF
 
 nginx_version() { nginx -v 2>&1 | sed 's|.*/||'; }
 
+# serve_json_file BYTES: nginx (start_nginx) serving $tmp/www/data.json, a JSON object of BYTES bytes, once it answers.
+serve_json_file() {
+    mkdir -p "$tmp/www"
+    python3 -c 'import sys; open(sys.argv[1], "w").write("{\"data\":\"" + "x" * (int(sys.argv[2]) - 11) + "\"}")' \
+      "$tmp/www/data.json" "$1"
+    chmod 644 "$tmp/www/data.json"
+    start_nginx "$tmp/www"
+    wait_for "http://127.0.0.1:$nginx_port/data.json" || { tail -5 "$tmp/logs/error.log" >&2; exit 1; }
+}
+
+# list_job N: the body of a job of one `list` of N fetches of serve_json_file's file, each URL its own (`?i=1…N`).
+list_job() {
+    python3 - "$1" "$nginx_port" <<'PY'
+import json, sys
+n, port = int(sys.argv[1]), sys.argv[2]
+print(json.dumps({"graph": {"type": "list", "children": [
+    {"type": "fetch", "url": f"http://127.0.0.1:{port}/data.json?i={i}"} for i in range(1, n + 1)]}}))
+PY
+}
+
 # rss_kib PID: resident set size in KiB.
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 

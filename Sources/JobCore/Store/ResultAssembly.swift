@@ -107,13 +107,7 @@ enum ResultAssembly {
         _ nodes: inout [NodeRecord], target: Int? = nil, bodies: ([String]) throws -> [String: [UInt8]]
     ) throws {
         guard nodes.contains(where: { $0.resultSource != nil }) else { return }
-        var index: [String: Int] = [:]
-        index.reserveCapacity(nodes.count)
-        var children = [[Int]](repeating: [], count: nodes.count)
-        for k in nodes.indices {
-            if let parent = nodes[k].parent, let p = index[parent] { children[p].append(k) }
-            index[nodes[k].id] = k
-        }
+        let children = Self.children(of: nodes, id: \.id, parent: \.parent)
         var inScope: [Bool]
         if let target {
             inScope = [Bool](repeating: false, count: nodes.count)
@@ -155,6 +149,19 @@ enum ResultAssembly {
                 nodes[k].result = result
             }
         }
+    }
+
+    /// Each row's children, as indices in `rows` in row order: `rows` are one job's in position order, where a child
+    /// comes after its parent.
+    static func children<Row>(of rows: [Row], id: (Row) -> String, parent: (Row) -> String?) -> [[Int]] {
+        var index: [String: Int] = [:]
+        index.reserveCapacity(rows.count)
+        var children = [[Int]](repeating: [], count: rows.count)
+        for k in rows.indices {
+            if let parent = parent(rows[k]), let p = index[parent] { children[p].append(k) }
+            index[id(rows[k])] = k
+        }
+        return children
     }
 
     /// How many response bodies `assemble` reads at once. A read of a stored job of 100,000 fetches of 1 KiB held

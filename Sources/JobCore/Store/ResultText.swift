@@ -32,13 +32,7 @@ enum ResultText {
     /// - Throws: `StoreError.corrupt` where `ResultAssembly.assemble` would.
     static func write(_ rows: [ResultRow], into out: inout [UInt8], body: (String) throws -> [UInt8]?) throws {
         guard !rows.isEmpty else { throw StoreError(.corrupt, "no row to write a result from") }
-        var index: [String: Int] = [:]
-        index.reserveCapacity(rows.count)
-        var children = [[Int]](repeating: [], count: rows.count)
-        for k in rows.indices {
-            if let parent = rows[k].parent, let p = index[parent] { children[p].append(k) }
-            index[rows[k].id] = k
-        }
+        let children = ResultAssembly.children(of: rows, id: \.id, parent: \.parent)
         // Lists whose entries are being written: the list's row, its next child, and whether errors are consumed.
         var open: [(row: Int, next: Int, consumeErrors: Bool)] = []
 

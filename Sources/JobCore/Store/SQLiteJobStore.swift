@@ -227,17 +227,8 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     }
 
     public func showStoredJob<T>(id: String, _ make: (JobRecord, StoredResultText) throws -> T) throws -> StoredJobShown<T> {
-        try readers.with { db in
-            try db.execute("BEGIN")
-            defer { try? db.execute("COMMIT") }
-            let statement = try db.prepare("SELECT \(Columns.shownJob) FROM jobs WHERE id = ?1")
-            statement.bind(1, id)
-            let found: JobRecord?
-            do {
-                defer { statement.reset() }
-                found = try statement.step() ? try Rows.job(statement) : nil
-            }
-            guard var job = found else { return .notFound }
+        try inReadTransaction { db in
+            guard var job = try Self.jobRow(id: id, columns: Columns.shownJob, db: db) else { return .notFound }
             guard job.state.isSettled, job.resultSource == .child(0) else {
                 try Rows.assembleResult(of: &job, db: db)
                 return .record(job)
@@ -248,20 +239,28 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     }
 
     private func readJob(id: String, columns: String) throws -> JobRecord? {
-        try readers.with { db in
-            try db.execute("BEGIN")
-            defer { try? db.execute("COMMIT") }
-            let statement = try db.prepare("SELECT \(columns) FROM jobs WHERE id = ?1")
-            statement.bind(1, id)
-            let found: JobRecord?
-            do {
-                defer { statement.reset() }
-                found = try statement.step() ? try Rows.job(statement) : nil
-            }
-            guard var job = found else { return nil }
+        try inReadTransaction { db in
+            guard var job = try Self.jobRow(id: id, columns: columns, db: db) else { return nil }
             try Rows.assembleResult(of: &job, db: db)
             return job
         }
+    }
+
+    /// `body` with a reader connection, in one read transaction (one snapshot of the file).
+    private func inReadTransaction<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
+        try readers.with { db in
+            try db.execute("BEGIN")
+            defer { try? db.execute("COMMIT") }
+            return try body(db)
+        }
+    }
+
+    /// The job's row, its `columns` as `Columns.job` names them, or `nil`.
+    private static func jobRow(id: String, columns: String, db: SQLiteConnection) throws -> JobRecord? {
+        let statement = try db.prepare("SELECT \(columns) FROM jobs WHERE id = ?1")
+        defer { statement.reset() }
+        statement.bind(1, id)
+        return try statement.step() ? try Rows.job(statement) : nil
     }
 
     /// Reads the `version` column from the primary key's row.
