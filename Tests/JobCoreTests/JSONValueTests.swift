@@ -73,6 +73,10 @@ final class JSONValueTests: XCTestCase {
                 let expected = #"[{"k"# + escaped + #"":""# + escaped + #""},"x"]"#
                 XCTAssertEqual(value.text, expected, "\(count) of \(special.unicodeScalars.first?.value ?? 0)")
                 XCTAssertEqual(value.bytes.count, expected.utf8.count)
+                // Appended after what is there, whatever its escapes need.
+                var out = Array("head,".utf8)
+                value.append(to: &out)
+                XCTAssertEqual(String(decoding: out, as: UTF8.self), "head," + expected)
             }
         }
     }

@@ -54,7 +54,7 @@ enum ResultText {
                 guard let text = rows[k].result else {
                     throw StoreError(.corrupt, "node \(rows[k].id) succeeded without a stored result")
                 }
-                out.append(contentsOf: try withBody(text, of: rows[k].id, body).bytes)
+                try withBody(text, of: rows[k].id, body).append(to: &out)
             case .child, nil:
                 guard let text = rows[k].result else {
                     throw StoreError(.corrupt, "node \(rows[k].id) succeeded without a stored result")
@@ -82,7 +82,7 @@ enum ResultText {
                 // As `ResultAssembly.entry` makes it.
                 let error = try rows[c].error.map { try JSONValue.parse($0, maxDepth: Limits.storedJSONDepth) }
                     .flatMap(NodeError.init(json:))
-                out.append(contentsOf: JSONValue.object([JSONMember("error", error?.json ?? .null)]).bytes)
+                JSONValue.object([JSONMember("error", error?.json ?? .null)]).append(to: &out)
             }
         }
     }

@@ -46,12 +46,12 @@ extension Rows {
         let body = try db.prepare("SELECT bytes FROM bodies WHERE job_id = ?1 AND node_id = ?2")
         return StoredResultText(capacityBytes: capacity) { out in
             try ResultText.write(rows, into: &out) { nodeID in
-                body.reset()
                 body.bind(1, jobID)
                 body.bind(2, nodeID)
+                // Reset once copied: SQLite's own copy of a body that spans pages is held until then.
+                defer { body.reset() }
                 return try body.step() ? body.blob(0) ?? [] : nil
             }
-            body.reset()
         }
     }
 
