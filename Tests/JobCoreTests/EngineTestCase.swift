@@ -174,13 +174,6 @@ class EngineTestCase: XCTestCase {
     }
 }
 
-final class Box<T>: @unchecked Sendable {
-    // @unchecked: the tests hand `value` between threads with a semaphore, an expectation or a lock that orders
-    // each write before the reads after it (but one read, which asserts that no write happened yet).
-    var value: T
-    init(_ value: T) { self.value = value }
-}
-
 /// Blocking reads over the engine's asynchronous entry points, for tests (never on an event loop), over
 /// `Engine.answer` (TestSupport).
 extension Engine {

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Threads
 import XCTest
 @testable import JobCore

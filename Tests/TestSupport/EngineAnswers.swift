@@ -6,20 +6,22 @@ extension Engine {
     /// Starts `start` and waits (at most 10 s) for the value it passes on.
     public func answer<T>(_ what: String, _ start: (@escaping @Sendable (T) -> Void) -> Void) throws -> T {
         let done = DispatchSemaphore(value: 0)
-        let slot = AnswerSlot<T>()
+        let box = Box<T?>(nil)
         start { value in
-            slot.value = value
+            box.value = value
             done.signal()
         }
-        guard done.wait(timeout: .now() + 10) == .success, let value = slot.value else {
+        guard done.wait(timeout: .now() + 10) == .success, let value = box.value else {
             throw UpstreamError("no answer for \(what) within 10 s")
         }
         return value
     }
 }
 
-/// The value handed from the thread that answers to the one that waits.
-private final class AnswerSlot<T>: @unchecked Sendable {
-    // @unchecked: written once, before the semaphore is signalled, and read only after the wait for it returned.
-    var value: T?
+/// A value handed between threads in tests.
+public final class Box<T>: @unchecked Sendable {
+    // @unchecked: the tests hand `value` between threads with a semaphore, an expectation or a lock that orders
+    // each write before the reads after it (but one read, which asserts that no write happened yet).
+    public var value: T
+    public init(_ value: T) { self.value = value }
 }
