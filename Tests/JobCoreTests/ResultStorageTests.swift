@@ -221,6 +221,20 @@ class ResultStorageTests: EngineTestCase {
         XCTAssertEqual(refs["root.2"], .some(nil))
         // The list's entries are its children's (selected, recovered) results: it still refers to them.
         XCTAssertEqual(refs["root"], .some(ResultSource.children(consumeErrors: false).code))
+
+        // A damaged row of a result written in full fails the read, written from the rows or read as values alike.
+        try executeRaw(
+            "UPDATE nodes SET result = '{\"fallback\":' WHERE job_id = '\(job.id)' AND id = 'root.1'", dbName: "results.sqlite")
+        let store = try XCTUnwrap(engines.last?.store)
+        XCTAssertThrowsError(try store.showStoredJob(id: job.id) { _, result in
+            var out: [UInt8] = []
+            try result.write(to: &out)
+        }) {
+            XCTAssertEqual(($0 as? StoreError)?.kind, .corrupt)
+        }
+        XCTAssertThrowsError(try store.jobWithoutRequest(id: job.id)) {
+            XCTAssertEqual(($0 as? StoreError)?.kind, .corrupt)
+        }
     }
 
     /// A job still running when the server stops resumes with its settled nodes' whole results: a parent that

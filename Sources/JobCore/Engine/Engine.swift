@@ -620,20 +620,19 @@ public final class Engine: @unchecked Sendable {
         } else {
             found = try store.jobWithoutRequest(id: id).map(StoredJobShown.record) ?? .notFound
         }
-        let shown: (version: Int64, bytes: [UInt8])
+        let settled: SettledJob
         switch found {
         case .notFound:
             return .notFound
         case .shown(let job, let bytes):
-            shown = (job.version, bytes)
+            settled = SettledJob(id: id, version: job.version, body: bytes)
         case .record(var job):
             job.notify = notifyStatus?(id)
             guard job.state.isSettled, let renderSettled else { return .record(job) }
-            shown = (job.version, renderSettled(job))
+            settled = SettledJob(id: id, version: job.version, body: renderSettled(job))
         }
-        let settled = SettledJob(id: id, version: shown.version, body: shown.bytes)
         settledJobs.insert(settled, ifNoRemovalSince: removals)
-        // The results read are let go of on return.
+        // What the read held (the rows, or the results as values) is let go of on return.
         memoryReturn.answerMade(bytes: settled.body.count)
         return .settled(settled)
     }

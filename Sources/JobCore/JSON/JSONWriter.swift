@@ -15,7 +15,7 @@ extension JSONValue {
     /// its array): no array of its own that is then copied, which for a fetch's body of 100 MB was 100 MB more.
     public func append(to out: inout [UInt8]) {
         let start = out.count
-        var room = unescapedByteCount + unescapedByteCount / 64 + 16
+        var room = ByteSink.room(forUnescaped: unescapedByteCount)
         while true {
             // Zeroed, then written over: the pages are touched once either way.
             out.append(contentsOf: repeatElement(0, count: room))
@@ -180,7 +180,7 @@ struct ByteSink {
     /// What `write` gives its sink, as an array sized once: `unescapedCount` (the text's length if no string needed
     /// an escape) and a margin for escapes; a text that needs more is written once more at the size counted.
     static func bytes(unescapedCount: Int, _ write: (inout ByteSink) -> Void) -> [UInt8] {
-        var capacity = unescapedCount + unescapedCount / 64 + 16
+        var capacity = room(forUnescaped: unescapedCount)
         while true {
             var needed = 0
             let out = [UInt8](unsafeUninitializedCapacity: capacity) { buffer, initialized in
@@ -193,6 +193,9 @@ struct ByteSink {
             capacity = needed
         }
     }
+
+    /// The room a first pass writes a text into: its length without escapes (`unescapedCount`) and a margin for them.
+    static func room(forUnescaped unescapedCount: Int) -> Int { unescapedCount + unescapedCount / 64 + 16 }
 
     /// Whether every byte given was kept.
     var fits: Bool { needed <= capacity }

@@ -4,8 +4,7 @@ struct ResultRow {
     var id: String
     var parent: String?
     var state: NodeState
-    /// The `error` column's text.
-    var error: [UInt8]?
+    var error: NodeError?
     /// The `result` column's text: the compact JSON `JSONValue.bytes` wrote.
     var result: [UInt8]?
     var source: ResultSource?
@@ -59,6 +58,10 @@ enum ResultText {
                 guard let text = rows[k].result else {
                     throw StoreError(.corrupt, "node \(rows[k].id) succeeded without a stored result")
                 }
+                // Parsed only to be checked, as reading it as a value would: a damaged row fails the read rather
+                // than reaching a reader as JSON that is not. Rows of full results are few and small: a fetch keeps
+                // its body apart.
+                _ = try parsed(text, of: rows[k].id)
                 out.append(contentsOf: text)
             }
         }
@@ -80,9 +83,7 @@ enum ResultText {
                 out.append(contentsOf: "null".utf8)
             } else {
                 // As `ResultAssembly.entry` makes it.
-                let error = try rows[c].error.map { try JSONValue.parse($0, maxDepth: Limits.storedJSONDepth) }
-                    .flatMap(NodeError.init(json:))
-                JSONValue.object([JSONMember("error", error?.json ?? .null)]).append(to: &out)
+                JSONValue.object([JSONMember("error", rows[c].error?.json ?? .null)]).append(to: &out)
             }
         }
     }
@@ -90,13 +91,18 @@ enum ResultText {
     /// A fetch's stored result (`"body": null`) with its body put in, as `ResultAssembly` puts it.
     private static func withBody(_ text: [UInt8], of id: String, _ body: (String) throws -> [UInt8]?) throws -> JSONValue {
         var node = NodeRecord(jobID: "", id: id, parent: nil, position: 0, type: "fetch", state: .succeeded)
-        do {
-            node.result = try JSONValue.parse(text, maxDepth: Limits.storedJSONDepth)
-        } catch {
-            throw StoreError(.corrupt, "stored result of node \(id) is not JSON: \(error)")
-        }
+        node.result = try parsed(text, of: id)
         let raw = try body(id).map { [id: $0] } ?? [:]
         try ResultAssembly.fillBody(&node, from: raw)
         return node.result ?? .null
+    }
+
+    /// A stored result's text as a value; `StoreError.corrupt` if it is not JSON.
+    private static func parsed(_ text: [UInt8], of id: String) throws -> JSONValue {
+        do {
+            return try JSONValue.parse(text, maxDepth: Limits.storedJSONDepth)
+        } catch {
+            throw StoreError(.corrupt, "stored result of node \(id) is not JSON: \(error)")
+        }
     }
 }

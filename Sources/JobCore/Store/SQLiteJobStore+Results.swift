@@ -27,14 +27,12 @@ extension Rows {
         var rows: [ResultRow] = []
         var textBytes = 0
         while try statement.step() {
-            guard let id = statement.string(0), let text = statement.string(2), let state = NodeState(rawValue: text) else {
-                throw StoreError(.corrupt, "node of job \(jobID) without id or state")
-            }
+            guard let id = statement.string(0) else { throw StoreError(.corrupt, "node of job \(jobID) without id") }
             let result = statement.blob(4)
             textBytes += result?.count ?? 0
             rows.append(ResultRow(
-                id: id, parent: statement.string(1), state: state, error: statement.blob(3), result: result,
-                source: try ResultSource(code: statement.optionalInt(5))))
+                id: id, parent: statement.string(1), state: try state(statement, 2), error: try error(statement, 3),
+                result: result, source: try ResultSource(code: statement.optionalInt(5))))
         }
         let sizes = try db.prepare("SELECT COALESCE(SUM(length(bytes)), 0) FROM bodies WHERE job_id = ?1")
         defer { sizes.reset() }

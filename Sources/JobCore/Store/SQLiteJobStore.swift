@@ -1620,14 +1620,14 @@ enum Rows {
         return node
     }
 
-    private static func state(_ s: SQLiteStatement, _ column: Int32) throws -> NodeState {
+    static func state(_ s: SQLiteStatement, _ column: Int32) throws -> NodeState {
         guard let text = s.string(column), let state = NodeState(rawValue: text) else {
             throw StoreError(.corrupt, "unknown state \(s.string(column) ?? "NULL")")
         }
         return state
     }
 
-    private static func error(_ s: SQLiteStatement, _ column: Int32) throws -> NodeError? {
+    static func error(_ s: SQLiteStatement, _ column: Int32) throws -> NodeError? {
         guard let json = try s.json(column, maxDepth: maxJSONDepth) else { return nil }
         guard let error = NodeError(json: json) else { throw StoreError(.corrupt, "stored error is not an error object") }
         return error
