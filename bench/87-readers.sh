@@ -27,18 +27,8 @@ bench_setup
 
 build_jobserver "$CONFIG"
 
-mkdir -p "$tmp/www"
-python3 -c 'import sys; open(sys.argv[1], "w").write("{\"data\":\"" + "x" * (int(sys.argv[2]) - 11) + "\"}")' \
-  "$tmp/www/data.json" "$FILE_BYTES"
-chmod 644 "$tmp/www/data.json"
-start_nginx "$tmp/www"
-wait_for "http://127.0.0.1:$nginx_port/data.json" || { tail -5 "$tmp/logs/error.log" >&2; exit 1; }
-python3 - "$N" "$nginx_port" >"$tmp/job.json" <<'PY'
-import json, sys
-n, port = int(sys.argv[1]), sys.argv[2]
-print(json.dumps({"graph": {"type": "list", "children": [
-    {"type": "fetch", "url": f"http://127.0.0.1:{port}/data.json?i={i}"} for i in range(1, n + 1)]}}))
-PY
+serve_json_file "$FILE_BYTES"
+list_job "$N" >"$tmp/job.json"
 
 # settle BASE ID: waits (bounded: 120 s) until the job is settled, reading its node list, which carries no results.
 settle() {
