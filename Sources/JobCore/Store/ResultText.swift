@@ -24,7 +24,7 @@ public struct StoredResultText {
 /// values: a row whose result is written in full is copied as it is stored (the compact text of the same value), a
 /// list's result is its children's entries in turn, and only a fetch whose body is kept apart is parsed, to put its
 /// body in. What is held meanwhile is the rows' text and one fetch's result, not the job's results as values, with
-/// which a read of a job of 100,000 fetches of 1 KiB peaked at 547 MiB for its 142 MB answer (222 MiB this way).
+/// which a read of a job of 100,000 fetches of 1 KiB peaked at 547 MiB for its 142 MB answer (227 MiB this way).
 enum ResultText {
     /// Writes the result of `rows[0]` (a subtree's rows in position order, its root first) to `out`.
     /// - Parameter body: the stored response body of the fetch node with this id, if any.
