@@ -4,7 +4,8 @@
 # needs (`--max-nodes`, `--max-request-bytes 64MiB`, and `--max-job-bytes 0 --max-response-memory 0`: N KiB is over
 # the default 64MiB budgets), otherwise default flags. Each run, on a fresh SQLite file:
 #   1. the job runs and its settled answer is read (`?wait=60`); once it has left memory (`jobserver_nodes` 0 on
-#      /metrics): the peak since the server started (VmHWM), and the RSS (VmRSS) SETTLE s (default 2) later;
+#      /metrics): the peak since the server started (VmHWM), and the RSS (VmRSS) SETTLE s (default 12: memory freed in
+#      bulk is given back once the server has gone 10 s without freeing more) later;
 #   2. a new server on the same file reads it back from the store (`GET /v1/jobs/{id}`): the time, then the peak and
 #      the RSS SETTLE s later;
 #   3. then its nodes with their results (`/nodes?include=result`): the same.
@@ -13,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 N=${N:-100000}
-SETTLE=${SETTLE:-2}
+SETTLE=${SETTLE:-12}
 RUNS=${RUNS:-5}
 CONFIG=${CONFIG:-release}
 TARGET_MIB=256

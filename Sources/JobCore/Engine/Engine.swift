@@ -1325,6 +1325,7 @@ public final class Engine: @unchecked Sendable {
     func forget(_ run: JobRun) {
         guard runs[run.id] === run else { return }
         runs[run.id] = nil
+        memoryReturn.runEnded(run.id)
         countedJobState[run.id] = nil
         eventHub.forget(run.id)
         for state in NodeState.allCases { nodesByState[state, default: 0] -= run.record.progress[state] }

@@ -79,6 +79,7 @@ final class JobRun: @unchecked Sendable {
                 self?.deadlinePassed()
             }
         }
+        if !record.state.isSettled { engine.memoryReturn.runBegan(id, nodes: nodes.count) }
         let root = start(0)
         if record.state.isSettled == false, nodes[0].state.isSettled {
             // Settled root restored from the store: the job only missed its last write.
