@@ -154,6 +154,24 @@ enum Presentation {
     /// `GET /v1/jobs/{id}/nodes?include=result`, as bytes: how the engine shows a settled job's nodes.
     @Sendable static func nodeListBytes(_ nodes: [NodeRecord]) -> [UInt8] { nodeList(nodes, includeResult: true).bytes }
 
+    /// `nodeListBytes` of the stored nodes `list` gives, each result written by it into the answer's own buffer,
+    /// never held as values.
+    @Sendable static func nodeListBytes(_ list: StoredNodeListText) throws -> [UInt8] {
+        let shown = list.nodes.map { node($0, includeResult: false).bytes }
+        var out: [UInt8] = []
+        out.reserveCapacity(shown.reduce(16, { $0 + $1.count + 12 }) + list.resultBytes)
+        out.append(contentsOf: #"{"nodes":["#.utf8)
+        try list.write(to: &out) { k, out in
+            // The node's object without its closing brace (the one before it closed), then its result as the last
+            // member.
+            if k > 0 { out.append(contentsOf: "},".utf8) }
+            out.append(contentsOf: shown[k].dropLast())
+            out.append(contentsOf: #","result":"#.utf8)
+        }
+        out.append(contentsOf: (list.nodes.isEmpty ? "]}" : "}]}").utf8)
+        return out
+    }
+
     /// `{"error": {"code", "message", "path"?, "details"?}}`.
     static func error(code: String, message: String, path: String? = nil, details: [Issue]? = nil) -> JSONValue {
         var members = [JSONMember("code", .string(code)), JSONMember("message", .string(message))]

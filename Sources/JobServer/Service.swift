@@ -56,7 +56,7 @@ final class Service: @unchecked Sendable {
         }
         engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
             renderSettled: Presentation.jobBytes, renderSettledWithResultText: Presentation.jobBytes,
-            renderNodeList: Presentation.nodeListBytes)
+            renderNodeList: Presentation.nodeListBytes, renderNodeListWithResultText: Presentation.nodeListBytes)
         let engine = self.engine
         webhooks = WebhookOutbox(
             database: outboxDatabase, store: store, fetcher: fetcher, configuration: config.webhookConfiguration,

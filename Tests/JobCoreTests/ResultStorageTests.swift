@@ -29,6 +29,7 @@ class ResultStorageTests: EngineTestCase {
             let stored = try XCTUnwrap(try second.job(id: job.id))
             XCTAssertEqual(stored.result, job.result, "job \(job.id)'s result read back differs")
             try checkResultText(second, job)
+            try checkNodeListText(second, job, nodes)
             XCTAssertEqual(stored.state, job.state)
             let storedNodes = try XCTUnwrap(try second.nodes(jobID: job.id, includeResults: true))
             XCTAssertEqual(storedNodes.count, nodes.count)
@@ -64,6 +65,44 @@ class ResultStorageTests: EngineTestCase {
             if !Self.usesPostgres, record.state.isSettled {
                 XCTAssertNotEqual(record.resultSource, .child(0), "not written from its rows", file: file, line: line)
             }
+        case .notFound:
+            XCTFail("job \(job.id) not found", file: file, line: line)
+        }
+    }
+
+    /// Each node's result written as text from the rows (`JobStore.showStoredNodeList`) is the text of its result
+    /// in `nodes` (as the engine that ran the job had them), and the nodes come in tree order; on SQLite, a settled
+    /// job's nodes are shown so.
+    func checkNodeListText(
+        _ engine: Engine, _ job: JobRecord, _ nodes: [NodeRecord], file: StaticString = #filePath, line: UInt = #line
+    ) throws {
+        let found = try engine.store.showStoredNodeList(jobID: job.id) { list -> [(String, String)] in
+            var out: [UInt8] = []
+            var starts: [Int] = []
+            try list.write(to: &out) { k, out in
+                XCTAssertEqual(k, starts.count, "nodes in turn", file: file, line: line)
+                out.append(contentsOf: "|".utf8)
+                starts.append(out.count)
+            }
+            let ends = starts.dropFirst().map { $0 - 1 } + [out.count]
+            let shown = zip(starts, ends).enumerated().map { k, range in
+                (list.nodes[k].id, String(decoding: out[range.0..<range.1], as: UTF8.self))
+            }
+            // What is reserved for the results holds them.
+            XCTAssertGreaterThanOrEqual(list.resultBytes, shown.reduce(0) { $0 + $1.1.utf8.count }, file: file, line: line)
+            return shown
+        }
+        switch found {
+        case .shown(let shown):
+            XCTAssertEqual(shown.map(\.0), nodes.map(\.id), "not in tree order", file: file, line: line)
+            for ((id, text), node) in zip(shown, nodes) {
+                XCTAssertEqual(
+                    text, (node.result ?? .null).text, "node \(id)'s result written from the rows differs",
+                    file: file, line: line)
+            }
+        case .nodes(let state, let stored):
+            XCTAssertTrue(Self.usesPostgres || !state.isSettled, "not written from its rows", file: file, line: line)
+            XCTAssertEqual(stored.inTreeOrder().map(\.result), nodes.map(\.result), file: file, line: line)
         case .notFound:
             XCTFail("job \(job.id) not found", file: file, line: line)
         }

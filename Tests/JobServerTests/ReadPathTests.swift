@@ -176,6 +176,26 @@ final class ReadPathTests: XCTestCase {
         XCTAssertEqual(answer.text, String(decoding: Presentation.jobBytes(stored), as: UTF8.self))
     }
 
+    func testAStoredJobsNodeListWrittenFromItsRowsIsTheListItsResultsAsValuesMake() throws {
+        try start()
+        func fetch(_ path: String) -> String { #"{"type":"fetch","url":"\#(upstream.url(path))"}"# }
+        let body = """
+            {"graph":{"type":"list","children":[
+              \(fetch("/json")), \(fetch("/text")), \(fetch("/bytes/10")), \(fetch("/status/404")),
+              {"type":"list","consume_errors":true,"children":[\(fetch("/status/404")), \(fetch("/json?size=50"))]},
+              {"type":"list","fire_on_first_result":true,"children":[\(fetch("/json?size=60"))]}]}}
+            """
+        let id = harness.submit(body)
+        XCTAssertEqual(harness.settled(id)?["state"], "succeeded")
+        waitUntilRetired(id)
+        let engine = harness.engine
+        let stored = try engine.store.nodes(jobID: id, includeResults: true)
+        XCTAssertGreaterThan(stored.count, 1)
+        let answer = harness.call(.listNodes, id: id, query: [("include", "result")])
+        XCTAssertEqual(answer.status, 200)
+        XCTAssertEqual(answer.text, String(decoding: Presentation.nodeListBytes(stored.inTreeOrder()), as: UTF8.self))
+    }
+
     // MARK: The settled-job cache
 
     func testSettledCacheStaysWithinItsByteBound() throws {

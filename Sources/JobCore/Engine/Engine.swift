@@ -91,6 +91,9 @@ public final class Engine: @unchecked Sendable {
     private let renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> [UInt8])?
     /// Shows a settled job's nodes with their results (in tree order); `nil`: node lists are not shared.
     private let renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])?
+    /// Shows a stored settled job's nodes with their results written as text from the rows (`StoredNodeListText`);
+    /// `nil`: they are read as values and `renderNodeList` shows them.
+    private let renderNodeListWithResultText: (@Sendable (StoredNodeListText) throws -> [UInt8])?
     /// Gives back to the system what large runs and large reads from the store free.
     let memoryReturn = MemoryReturn()
     /// Store reads and the answers made from them run here, never on a caller's (event-loop) thread nor on `queue`.
@@ -126,11 +129,14 @@ public final class Engine: @unchecked Sendable {
     ///     `nil`: the stored job's result is read as values and `renderSettled` shows it.
     ///   - renderNodeList: a settled job's nodes with their results, as a read of them answers (`nodeList`); `nil`
     ///     shares nothing.
+    ///   - renderNodeListWithResultText: the same, for a job read from the store, with each result written in by
+    ///     the `StoredNodeListText` given; `nil`: the results are read as values and `renderNodeList` shows them.
     public init(
         store: JobStore, fetcher: Fetcher, configuration: EngineConfiguration, logger: Logger,
         renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil,
         renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> [UInt8])? = nil,
-        renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil
+        renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil,
+        renderNodeListWithResultText: (@Sendable (StoredNodeListText) throws -> [UInt8])? = nil
     ) {
         self.store = store
         self.fetcher = fetcher
@@ -139,6 +145,7 @@ public final class Engine: @unchecked Sendable {
         self.renderSettled = renderSettled
         self.renderSettledWithResultText = renderSettledWithResultText
         self.renderNodeList = renderNodeList
+        self.renderNodeListWithResultText = renderNodeListWithResultText
         self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
         self.responseMemory =
             configuration.maxResponseMemory > 0 ? ByteBudget(limit: configuration.maxResponseMemory, scope: .server) : nil
@@ -660,19 +667,10 @@ public final class Engine: @unchecked Sendable {
     ) {
         read(
             jobID, live: { run -> [NodeRecord]? in run.nodeSnapshots(includeResults: includeResults) },
-            stored: { try self.storedNodes(jobID: jobID, includeResults: includeResults)?.nodes }) { result in
+            stored: { try self.store.stateAndNodes(jobID: jobID, includeResults: includeResults)?.nodes }) { result in
                 // On a read queue: a map's copies, stored after the submitted nodes, are put in tree order here.
                 completion(result.map { $0?.inTreeOrder() })
             }
-    }
-
-    /// A stored job's state and nodes (in the store's order, not yet in tree order); `nil` when there is no such
-    /// job. On a read queue.
-    private func storedNodes(jobID: String, includeResults: Bool) throws -> (state: NodeState, nodes: [NodeRecord])? {
-        guard let state = try store.jobState(id: jobID) else { return nil }
-        let stored = try store.nodes(jobID: jobID, includeResults: includeResults)
-        // Every job has its root node: none means it was deleted between the two reads.
-        return stored.isEmpty ? nil : (state, stored)
     }
 
     /// The job's nodes in tree order, as `GET /v1/jobs/{id}/nodes` shows them. A settled job's nodes with their
@@ -693,10 +691,24 @@ public final class Engine: @unchecked Sendable {
                 self.storedNodeLists.read(jobID, answer) {
                     // Taken before the read, as for a job's answer.
                     let removals = self.settledJobs.removals
-                    guard let stored = try self.storedNodes(jobID: jobID, includeResults: true) else { return .notFound }
-                    // Put in tree order below, as a live run's are.
-                    guard stored.state.isSettled else { return .nodes(stored.nodes) }
-                    let shown = SettledAnswer(renderNodeList(stored.nodes.inTreeOrder()))
+                    let found: StoredNodeListShown<[UInt8]>
+                    if let renderNodeListWithResultText = self.renderNodeListWithResultText {
+                        found = try self.store.showStoredNodeList(jobID: jobID, renderNodeListWithResultText)
+                    } else {
+                        found = try self.store.stateAndNodes(jobID: jobID, includeResults: true)
+                            .map { .nodes($0.state, $0.nodes) } ?? .notFound
+                    }
+                    let shown: SettledAnswer
+                    switch found {
+                    case .notFound:
+                        return .notFound
+                    case .nodes(let state, let nodes):
+                        // Put in tree order below, as a live run's are.
+                        guard state.isSettled else { return .nodes(nodes) }
+                        shown = SettledAnswer(renderNodeList(nodes.inTreeOrder()))
+                    case .shown(let bytes):
+                        shown = SettledAnswer(bytes)
+                    }
                     self.settledJobs.noteNodeList(shown, of: jobID, ifNoRemovalSince: removals)
                     self.memoryReturn.answerMade(bytes: shown.bytes.count)
                     return .shown(shown)

@@ -335,21 +335,27 @@ extension Array where Element == NodeRecord {
     /// in tree order (no map expanded) come back as they are; one pass over parent links either way.
     func inTreeOrder() -> [NodeRecord] {
         guard count > 1, contains(where: { $0.type == "map" }) else { return self }
+        return treeOrder().map { self[$0] }
+    }
+
+    /// The indices of the records in tree order (as `inTreeOrder` puts them).
+    func treeOrder() -> [Int] {
+        guard count > 1, contains(where: { $0.type == "map" }) else { return Swift.Array(0..<count) }
         var children: [String: [Int]] = [:]
         for (k, record) in enumerated() where k > 0 {
             if let parent = record.parent { children[parent, default: []].append(k) }
         }
-        var out: [NodeRecord] = []
+        var out: [Int] = []
         out.reserveCapacity(count)
         var stack: [Int] = [0]
         while let k = stack.popLast(), out.count < count {
-            out.append(self[k])
+            out.append(k)
             if let below = children[self[k].id] { stack.append(contentsOf: below.reversed()) }
         }
         // Nothing is lost if parent links were damaged: what the walk did not reach follows in stored order.
         if out.count < count {
-            let reached = Set(out.map(\.position))
-            out.append(contentsOf: filter { !reached.contains($0.position) })
+            let reached = Set(out)
+            out.append(contentsOf: indices.filter { !reached.contains($0) })
         }
         return out
     }

@@ -133,7 +133,30 @@ public enum StoredJobShown<T> {
     case shown(JobRecord, T)
 }
 
+/// What `JobStore.showStoredNodeList` found.
+public enum StoredNodeListShown<T> {
+    case notFound
+    /// The job's state and its nodes as `nodes(jobID:includeResults: true)` reads them, results as values.
+    case nodes(NodeState, [NodeRecord])
+    /// What `make` made of the settled job's nodes.
+    case shown(T)
+}
+
 extension JobStore {
+    /// The job's nodes as values: a store that cannot write results from its rows' text.
+    public func showStoredNodeList<T>(jobID: String, _ make: (StoredNodeListText) throws -> T) throws -> StoredNodeListShown<T> {
+        try stateAndNodes(jobID: jobID, includeResults: true).map { .nodes($0.state, $0.nodes) } ?? .notFound
+    }
+
+    /// A stored job's state and nodes (in the store's order, not yet in tree order); `nil` when there is no such
+    /// job.
+    public func stateAndNodes(jobID: String, includeResults: Bool) throws -> (state: NodeState, nodes: [NodeRecord])? {
+        guard let state = try jobState(id: jobID) else { return nil }
+        let nodes = try self.nodes(jobID: jobID, includeResults: includeResults)
+        // Every job has its root node: none means it was deleted between the two reads.
+        return nodes.isEmpty ? nil : (state, nodes)
+    }
+
     /// The job as `jobWithoutRequest` reads it: a store that cannot write a result from its rows' text.
     public func showStoredJob<T>(id: String, _ make: (JobRecord, StoredResultText) throws -> T) throws -> StoredJobShown<T> {
         try jobWithoutRequest(id: id).map(StoredJobShown.record) ?? .notFound
@@ -250,6 +273,11 @@ public protocol JobStore: AnyObject, Sendable {
     /// (`StoredResultText`) where the store can, so that the result is never held as values; otherwise (and for a
     /// job not settled, or whose row holds its result in full) the job as `jobWithoutRequest` reads it.
     func showStoredJob<T>(id: String, _ make: (JobRecord, StoredResultText) throws -> T) throws -> StoredJobShown<T>
+
+    /// The job's nodes with their results (in the store's order, not yet in tree order), read in one snapshot; a
+    /// settled job's handed to `make` as a `StoredNodeListText` where the store can write its results from the rows'
+    /// text, so that they are never held as values.
+    func showStoredNodeList<T>(jobID: String, _ make: (StoredNodeListText) throws -> T) throws -> StoredNodeListShown<T>
 
     /// The job's state alone, or `nil` when there is no such job.
     func jobState(id: String) throws -> NodeState?

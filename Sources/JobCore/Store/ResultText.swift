@@ -20,6 +20,21 @@ public struct StoredResultText {
     public func write(to out: inout [UInt8]) throws { try write(&out) }
 }
 
+/// A stored job's nodes with their results, the results written as JSON text from the rows (`ResultText`), never
+/// held as values: what `GET /v1/jobs/{id}/nodes?include=result` shows of a settled job.
+public struct StoredNodeListText {
+    /// The job's nodes in tree order, without their results.
+    public let nodes: [NodeRecord]
+    /// At least as many bytes as the results take but for escapes, for a buffer reserved once.
+    public let resultBytes: Int
+    let write: (inout [UInt8], (Int, inout [UInt8]) -> Void) throws -> Void
+
+    /// Appends to `out`, for each of `nodes` in turn, what `before` writes (given the node's index) and then the
+    /// node's result (`null` when it has none). A fetch's result, which a list holding it shows again, is written
+    /// once and copied from there.
+    public func write(to out: inout [UInt8], before: (Int, inout [UInt8]) -> Void) throws { try write(&out, before) }
+}
+
 /// Writes a stored result as the text `ResultAssembly` then `JSONValue.bytes` would make of it, without making the
 /// values: a row whose result is written in full is copied as it is stored (the compact text of the same value), a
 /// list's result is its children's entries in turn, and only a fetch whose body is kept apart is parsed, to put its
@@ -32,6 +47,18 @@ enum ResultText {
     static func write(_ rows: [ResultRow], into out: inout [UInt8], body: (String) throws -> [UInt8]?) throws {
         guard !rows.isEmpty else { throw StoreError(.corrupt, "no row to write a result from") }
         let children = ResultAssembly.children(of: rows, id: \.id, parent: \.parent)
+        var written: [Int: Range<Int>] = [:]
+        try write(rows, children: children, root: 0, into: &out, written: &written, body: body)
+    }
+
+    /// Writes the result of `rows[root]` to `out`; `rows` are one job's rows in position order, `children` their
+    /// index (`ResultAssembly.children`).
+    /// - Parameter written: where in `out` the results of fetches were written before (by row), to be copied from
+    ///   there; those written now are added.
+    static func write(
+        _ rows: [ResultRow], children: [[Int]], root: Int, into out: inout [UInt8], written: inout [Int: Range<Int>],
+        body: (String) throws -> [UInt8]?
+    ) throws {
         // Lists whose entries are being written: the list's row, its next child, and whether errors are consumed.
         var open: [(row: Int, next: Int, consumeErrors: Bool)] = []
 
@@ -53,7 +80,14 @@ enum ResultText {
                 guard let text = rows[k].result else {
                     throw StoreError(.corrupt, "node \(rows[k].id) succeeded without a stored result")
                 }
-                try withBody(text, of: rows[k].id, body).append(to: &out)
+                if let range = written[k] {
+                    let copy = Array(out[range])
+                    out.append(contentsOf: copy)
+                } else {
+                    let start = out.count
+                    try withBody(text, of: rows[k].id, body).append(to: &out)
+                    written[k] = start..<out.count
+                }
             case .child, nil:
                 guard let text = rows[k].result else {
                     throw StoreError(.corrupt, "node \(rows[k].id) succeeded without a stored result")
@@ -66,7 +100,7 @@ enum ResultText {
             }
         }
 
-        try result(of: 0)
+        try result(of: root)
         while let top = open.last {
             let list = children[top.row]
             guard top.next < list.count else {
@@ -86,6 +120,49 @@ enum ResultText {
                 JSONValue.object([JSONMember("error", rows[c].error?.json ?? .null)]).append(to: &out)
             }
         }
+    }
+
+    /// The result of each row as the node list shows it (`StoredNodeListText`): `null` for a row with none.
+    static func writeShown(
+        _ rows: [ResultRow], children: [[Int]], row k: Int, into out: inout [UInt8], written: inout [Int: Range<Int>],
+        body: (String) throws -> [UInt8]?
+    ) throws {
+        if rows[k].source == nil && rows[k].result == nil {
+            out.append(contentsOf: "null".utf8)
+        } else {
+            try write(rows, children: children, root: k, into: &out, written: &written, body: body)
+        }
+    }
+
+    /// For each row, at least the length its result's text takes but for escapes: a list's is its entries', a
+    /// fetch's adds its body as base64 (4/3 of its bytes, the most a body's text takes but for escapes).
+    /// - Parameter bodyBytes: the stored response body's length of each fetch node with one, by row.
+    static func sizes(_ rows: [ResultRow], children: [[Int]], bodyBytes: [Int]) -> [Int] {
+        var sizes = [Int](repeating: 0, count: rows.count)
+        // Children come after their parents: from the last row to the first, every child is sized before its parent.
+        for k in rows.indices.reversed() {
+            let own = rows[k].result?.count ?? 4
+            switch rows[k].source {
+            case .children(let consumeErrors):
+                var total = 2
+                for c in children[k] {
+                    if rows[c].state == .succeeded {
+                        total += 1 + sizes[c]
+                    } else {
+                        // `null`, or `{"error":…}` (as `write` makes it).
+                        total += 1 + (consumeErrors ? 4 : 10 + (rows[c].error?.json.unescapedByteCount ?? 4))
+                    }
+                }
+                sizes[k] = total
+            case .child(let c):
+                sizes[k] = c < children[k].count ? sizes[children[k][c]] : own
+            case .body:
+                sizes[k] = own + bodyBytes[k] / 3 * 4 + 4
+            case nil:
+                sizes[k] = own
+            }
+        }
+        return sizes
     }
 
     /// A fetch's stored result (`"body": null`) with its body put in, as `ResultAssembly` puts it.

@@ -20,6 +20,51 @@ extension Rows {
     /// The result of the job's root, to be written as text from its nodes' rows (`ResultText`), in the caller's
     /// transaction: the rows are read now, each body when its fetch's result is written.
     static func resultText(jobID: String, db: SQLiteConnection) throws -> StoredResultText {
+        let (rows, textBytes) = try resultRows(jobID: jobID, db: db)
+        let sizes = try db.prepare("SELECT COALESCE(SUM(length(bytes)), 0) FROM bodies WHERE job_id = ?1")
+        defer { sizes.reset() }
+        sizes.bind(1, jobID)
+        let bodyBytes = try sizes.step() ? sizes.int(0) : 0
+        // Room for every body as base64 (4/3), the largest a body's text takes but for escapes; what is not written
+        // is never touched, so it costs no memory.
+        let capacity = textBytes + bodyBytes / 3 * 4 + 4 + rows.count * 16 + (1 << 16)
+        let body = try bodyReader(jobID: jobID, db: db)
+        return StoredResultText(capacityBytes: capacity) { out in try ResultText.write(rows, into: &out, body: body) }
+    }
+
+    /// The job's nodes in tree order, each with its result to be written as text from the rows (`ResultText`), in
+    /// the caller's transaction: the rows are read now, each body when a result that holds it is written.
+    static func nodeListText(jobID: String, db: SQLiteConnection) throws -> StoredNodeListText {
+        let nodes = try storedNodes(jobID: jobID, from: 0, columns: Columns.nodeWithoutResult, db: db)
+        let (rows, _) = try resultRows(jobID: jobID, db: db)
+        guard rows.count == nodes.count, zip(rows, nodes).allSatisfy({ $0.id == $1.id }) else {
+            throw StoreError(.corrupt, "the nodes of job \(jobID) changed while they were read")
+        }
+        let children = ResultAssembly.children(of: rows, id: \.id, parent: \.parent)
+        var index: [String: Int] = [:]
+        index.reserveCapacity(rows.count)
+        for (k, row) in rows.enumerated() { index[row.id] = k }
+        var bodyBytes = [Int](repeating: 0, count: rows.count)
+        let lengths = try db.prepare("SELECT node_id, length(bytes) FROM bodies WHERE job_id = ?1")
+        defer { lengths.reset() }
+        lengths.bind(1, jobID)
+        while try lengths.step() {
+            if let id = lengths.string(0), let k = index[id] { bodyBytes[k] = lengths.int(1) }
+        }
+        let sizes = ResultText.sizes(rows, children: children, bodyBytes: bodyBytes)
+        let order = nodes.treeOrder()
+        let body = try bodyReader(jobID: jobID, db: db)
+        return StoredNodeListText(nodes: order.map { nodes[$0] }, resultBytes: sizes.reduce(0, +)) { out, before in
+            var written: [Int: Range<Int>] = [:]
+            for (k, row) in order.enumerated() {
+                before(k, &out)
+                try ResultText.writeShown(rows, children: children, row: row, into: &out, written: &written, body: body)
+            }
+        }
+    }
+
+    /// The job's node rows as writing results as text needs them, in position order, and their results' bytes.
+    private static func resultRows(jobID: String, db: SQLiteConnection) throws -> (rows: [ResultRow], textBytes: Int) {
         let statement = try db.prepare(
             "SELECT id, parent, state, error, result, result_ref FROM nodes WHERE job_id = ?1 ORDER BY position")
         defer { statement.reset() }
@@ -34,22 +79,18 @@ extension Rows {
                 id: id, parent: statement.string(1), state: try state(statement, 2), error: try error(statement, 3),
                 result: result, source: try ResultSource(code: statement.optionalInt(5))))
         }
-        let sizes = try db.prepare("SELECT COALESCE(SUM(length(bytes)), 0) FROM bodies WHERE job_id = ?1")
-        defer { sizes.reset() }
-        sizes.bind(1, jobID)
-        let bodyBytes = try sizes.step() ? sizes.int(0) : 0
-        // Room for every body as base64 (4/3), the largest a body's text takes but for escapes; what is not written
-        // is never touched, so it costs no memory.
-        let capacity = textBytes + bodyBytes / 3 * 4 + 4 + rows.count * 16 + (1 << 16)
+        return (rows, textBytes)
+    }
+
+    /// Reads the stored response body of one of the job's fetch nodes, by id, in the caller's transaction.
+    private static func bodyReader(jobID: String, db: SQLiteConnection) throws -> (String) throws -> [UInt8]? {
         let body = try db.prepare("SELECT bytes FROM bodies WHERE job_id = ?1 AND node_id = ?2")
-        return StoredResultText(capacityBytes: capacity) { out in
-            try ResultText.write(rows, into: &out) { nodeID in
-                body.bind(1, jobID)
-                body.bind(2, nodeID)
-                // Reset once copied: SQLite's own copy of a body that spans pages is held until then.
-                defer { body.reset() }
-                return try body.step() ? body.blob(0) ?? [] : nil
-            }
+        return { nodeID in
+            body.bind(1, jobID)
+            body.bind(2, nodeID)
+            // Reset once copied: SQLite's own copy of a body that spans pages is held until then.
+            defer { body.reset() }
+            return try body.step() ? body.blob(0) ?? [] : nil
         }
     }
 

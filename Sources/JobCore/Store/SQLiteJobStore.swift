@@ -238,6 +238,21 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    public func showStoredNodeList<T>(
+        jobID: String, _ make: (StoredNodeListText) throws -> T
+    ) throws -> StoredNodeListShown<T> {
+        try inReadTransaction { db in
+            guard let state = try Self.jobRow(id: jobID, columns: Columns.listedJob, db: db)?.state else { return .notFound }
+            guard state.isSettled else {
+                var nodes = try Rows.storedNodes(jobID: jobID, from: 0, db: db)
+                try Rows.assemble(&nodes, jobID: jobID, db: db)
+                return .nodes(state, nodes)
+            }
+            // Read and written in this transaction: the rows, then each body as a result that holds it is written.
+            return .shown(try make(try Rows.nodeListText(jobID: jobID, db: db)))
+        }
+    }
+
     private func readJob(id: String, columns: String) throws -> JobRecord? {
         try inReadTransaction { db in
             guard var job = try Self.jobRow(id: id, columns: columns, db: db) else { return nil }

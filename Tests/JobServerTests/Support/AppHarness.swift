@@ -87,7 +87,7 @@ final class AppHarness {
         fetcher = try Fetcher(configuration: config.fetcherConfiguration)
         engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
             renderSettled: Presentation.jobBytes, renderSettledWithResultText: Presentation.jobBytes,
-            renderNodeList: Presentation.nodeListBytes)
+            renderNodeList: Presentation.nodeListBytes, renderNodeListWithResultText: Presentation.nodeListBytes)
         try engine.start()
         app = App(engine: engine, fetcher: fetcher, config: config, logger: logger)
     }
