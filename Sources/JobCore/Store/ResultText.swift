@@ -47,16 +47,17 @@ enum ResultText {
     static func write(_ rows: [ResultRow], into out: inout [UInt8], body: (String) throws -> [UInt8]?) throws {
         guard !rows.isEmpty else { throw StoreError(.corrupt, "no row to write a result from") }
         let children = ResultAssembly.children(of: rows, id: \.id, parent: \.parent)
-        var written: [Int: Range<Int>] = [:]
+        // Each fetch's result is written once here: nothing to copy.
+        var written: [Int: Range<Int>]?
         try write(rows, children: children, root: 0, into: &out, written: &written, body: body)
     }
 
     /// Writes the result of `rows[root]` to `out`; `rows` are one job's rows in position order, `children` their
     /// index (`ResultAssembly.children`).
     /// - Parameter written: where in `out` the results of fetches were written before (by row), to be copied from
-    ///   there; those written now are added.
+    ///   there; those written now are added. `nil`: none is written twice.
     static func write(
-        _ rows: [ResultRow], children: [[Int]], root: Int, into out: inout [UInt8], written: inout [Int: Range<Int>],
+        _ rows: [ResultRow], children: [[Int]], root: Int, into out: inout [UInt8], written: inout [Int: Range<Int>]?,
         body: (String) throws -> [UInt8]?
     ) throws {
         // Lists whose entries are being written: the list's row, its next child, and whether errors are consumed.
@@ -80,13 +81,13 @@ enum ResultText {
                 guard let text = rows[k].result else {
                     throw StoreError(.corrupt, "node \(rows[k].id) succeeded without a stored result")
                 }
-                if let range = written[k] {
+                if let range = written?[k] {
                     let copy = Array(out[range])
                     out.append(contentsOf: copy)
                 } else {
                     let start = out.count
                     try withBody(text, of: rows[k].id, body).append(to: &out)
-                    written[k] = start..<out.count
+                    written?[k] = start..<out.count
                 }
             case .child, nil:
                 guard let text = rows[k].result else {
@@ -124,7 +125,7 @@ enum ResultText {
 
     /// The result of each row as the node list shows it (`StoredNodeListText`): `null` for a row with none.
     static func writeShown(
-        _ rows: [ResultRow], children: [[Int]], row k: Int, into out: inout [UInt8], written: inout [Int: Range<Int>],
+        _ rows: [ResultRow], children: [[Int]], row k: Int, into out: inout [UInt8], written: inout [Int: Range<Int>]?,
         body: (String) throws -> [UInt8]?
     ) throws {
         if rows[k].source == nil && rows[k].result == nil {

@@ -55,7 +55,7 @@ extension Rows {
         let order = nodes.treeOrder()
         let body = try bodyReader(jobID: jobID, db: db)
         return StoredNodeListText(nodes: order.map { nodes[$0] }, resultBytes: sizes.reduce(0, +)) { out, before in
-            var written: [Int: Range<Int>] = [:]
+            var written: [Int: Range<Int>]? = [:]
             for (k, row) in order.enumerated() {
                 before(k, &out)
                 try ResultText.writeShown(rows, children: children, row: row, into: &out, written: &written, body: body)
