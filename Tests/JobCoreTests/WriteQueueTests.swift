@@ -6,12 +6,12 @@ import XCTest
 /// The writer's inbox: state changes nobody waits on are held for more to join them, and anything somebody waits
 /// on (a creation, a flush) or closing hands the batch over at once.
 final class WriteQueueTests: XCTestCase {
-    private static func changes(_ position: Int) -> WriteOp {
+    static func changes(_ position: Int) -> WriteOp {
         let node = NodeRecord(jobID: "j", id: "n\(position)", parent: nil, position: position, type: "fetch", state: .running)
         return .changes(Changes(jobs: [], nodes: [node], bodies: []))
     }
 
-    private func positions(_ batch: [WriteOp]?) -> [Int] {
+    func positions(_ batch: [WriteOp]?) -> [Int] {
         (batch ?? []).compactMap { op in
             if case .changes(let changes) = op { return changes.nodes.first?.position }
             return nil
@@ -100,7 +100,6 @@ final class WriteQueueTests: XCTestCase {
         settled.state = .succeeded
         let create: () -> WriteOp = { .create(CreateRequest(job: job, nodes: []), WriteTicket<CreateOutcome>()) }
         let rows: [(what: String, lagMs: Int64, push: () -> WriteOp, idleAfterPush: Bool, idleAfterTake: Bool)] = [
-            ("a state change, long before the lag is up", 3_600_000, { Self.changes(2) }, true, true),
             ("a creation", 3_600_000, create, false, false),
             ("a flush", 3_600_000, { .committed(WriteTicket<Void>()) }, false, false),
             ("a job that settles", 3_600_000, { .changes(Changes(jobs: [settled], nodes: [], bodies: [])) }, false, false),
@@ -125,6 +124,45 @@ final class WriteQueueTests: XCTestCase {
             XCTAssertFalse(IdlePriority.isIdle(thread: me), "\(row.what): closing is waited on")
             XCTAssertNil(queue.take(gatheringChangesUntilMs: 0))
         }
+    }
+}
+
+extension WriteQueueTests {
+    /// An idle writer holds state changes alone until the first has waited the lag; a writer at its own priority
+    /// gathers for the time it is given only. Each row fails if its deadline is broken.
+    func testAnIdleWriterHoldsStateChangesAloneUntilTheFirstHasWaitedTheLag() {
+        let rows: [(what: String, untilMs: Int64, idle: Bool, queuedSinceMs: Int64, lagMs: Int64, deadline: Int64)] = [
+            ("at its own priority: the gathering time", 1_010, false, 1_000, 10_000, 1_010),
+            ("idle: until the lag is up", 1_010, true, 1_000, 10_000, 11_000),
+            ("idle, with no lag: the gathering time", 1_010, true, 1_000, 0, 1_010),
+            ("idle, the lag up already: the gathering time", 1_010, true, 0, 500, 1_010),
+        ]
+        for row in rows {
+            XCTAssertEqual(
+                WriteQueue.gatherUntil(row.untilMs, writerIsIdle: row.idle, queuedSinceMs: row.queuedSinceMs, lagMs: row.lagMs),
+                row.deadline, row.what)
+        }
+    }
+
+    /// State changes held by an idle writer are written with what raises it: here urgent changes pushed after them.
+    func testStateChangesHeldByAnIdleWriterGoWithTheUrgentChangesThatRaiseIt() throws {
+        try XCTSkipUnless(
+            IdlePriority.isReversible(atNice: currentThreadNice()),
+            "this user may not take a thread back from idle priority (needs CAP_SYS_NICE or ulimit -e)")
+        let me = currentThreadID()
+        defer { IdlePriority.set(false, thread: me) }
+        let queue = WriteQueue()
+        queue.maxIdleLagMs = 3_600_000
+        queue.writerStarted(logger: Logger(label: "test", minimumLevel: .error))
+        XCTAssertTrue(queue.push(Self.changes(1)))
+        XCTAssertEqual(positions(queue.take(gatheringChangesUntilMs: 0)), [1])
+        XCTAssertTrue(queue.writerAtIdlePriority)
+        XCTAssertTrue(queue.push(Self.changes(2)))
+        XCTAssertTrue(queue.writerAtIdlePriority, "a state change alone is held, the writer left idle")
+        XCTAssertTrue(queue.push(.changes(Changes(jobs: [], nodes: [], bodies: [], urgent: true))))
+        XCTAssertFalse(queue.writerAtIdlePriority, "urgent changes raise it")
+        XCTAssertEqual(queue.take(gatheringChangesUntilMs: 0)?.count, 2, "the held change goes with them")
+        queue.close()
     }
 }
 

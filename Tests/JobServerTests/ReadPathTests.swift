@@ -155,16 +155,7 @@ final class ReadPathTests: XCTestCase {
     func testAStoredJobsAnswerWrittenFromItsRowsIsTheAnswerItsResultAsValuesMakes() throws {
         // Entries up to 1 KiB are kept; this job's answer is larger, so it is made from the store once retired.
         try start { $0.settledCacheBytes = 8 << 10 }
-        func fetch(_ path: String) -> String { #"{"type":"fetch","url":"\#(upstream.url(path))"}"# }
-        let body = """
-            {"name":"mixed","metadata":{"team":"a"},"graph":{"type":"list","children":[
-              \(fetch("/json")), \(fetch("/text")), \(fetch("/bytes/10")), \(fetch("/status/404")),
-              {"type":"list","consume_errors":true,"children":[\(fetch("/status/404")), \(fetch("/json?size=50"))]},
-              {"type":"list","fire_on_first_result":true,"children":[\(fetch("/json?size=60"))]}]}}
-            """
-        let id = harness.submit(body)
-        XCTAssertEqual(harness.settled(id)?["state"], "succeeded")
-        waitUntilRetired(id)
+        let id = submitMixedJobAndRetire()
         let engine = harness.engine
         // The long-poll's answer is let go of once its read is through: the read below makes it from the store.
         for queue in engine.readQueues { queue.sync {} }
@@ -176,11 +167,25 @@ final class ReadPathTests: XCTestCase {
         XCTAssertEqual(answer.text, String(decoding: Presentation.jobBytes(stored), as: UTF8.self))
     }
 
+    /// A job's nodes with their results read from the store are written from the rows: byte for byte what the
+    /// results read as values make (each fetch's result shown by the lists above it again, copied).
     func testAStoredJobsNodeListWrittenFromItsRowsIsTheListItsResultsAsValuesMake() throws {
         try start()
+        let id = submitMixedJobAndRetire()
+        let engine = harness.engine
+        let stored = try engine.store.nodes(jobID: id, includeResults: true)
+        XCTAssertGreaterThan(stored.count, 1)
+        let answer = harness.call(.listNodes, id: id, query: [("include", "result")])
+        XCTAssertEqual(answer.status, 200)
+        XCTAssertEqual(answer.text, String(decoding: Presentation.nodeListBytes(stored.inTreeOrder()), as: UTF8.self))
+    }
+
+    /// Submits a job with every kind of entry (JSON, text and bytes bodies, a failed fetch, a `consume_errors` list,
+    /// a `fire_on_first_result` list, `name` and `metadata`), waits until it succeeded and left memory.
+    private func submitMixedJobAndRetire() -> String {
         func fetch(_ path: String) -> String { #"{"type":"fetch","url":"\#(upstream.url(path))"}"# }
         let body = """
-            {"graph":{"type":"list","children":[
+            {"name":"mixed","metadata":{"team":"a"},"graph":{"type":"list","children":[
               \(fetch("/json")), \(fetch("/text")), \(fetch("/bytes/10")), \(fetch("/status/404")),
               {"type":"list","consume_errors":true,"children":[\(fetch("/status/404")), \(fetch("/json?size=50"))]},
               {"type":"list","fire_on_first_result":true,"children":[\(fetch("/json?size=60"))]}]}}
@@ -188,12 +193,7 @@ final class ReadPathTests: XCTestCase {
         let id = harness.submit(body)
         XCTAssertEqual(harness.settled(id)?["state"], "succeeded")
         waitUntilRetired(id)
-        let engine = harness.engine
-        let stored = try engine.store.nodes(jobID: id, includeResults: true)
-        XCTAssertGreaterThan(stored.count, 1)
-        let answer = harness.call(.listNodes, id: id, query: [("include", "result")])
-        XCTAssertEqual(answer.status, 200)
-        XCTAssertEqual(answer.text, String(decoding: Presentation.nodeListBytes(stored.inTreeOrder()), as: UTF8.self))
+        return id
     }
 
     // MARK: The settled-job cache

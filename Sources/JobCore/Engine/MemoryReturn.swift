@@ -32,7 +32,7 @@ final class MemoryReturn: Sendable {
         var policy = TrimPolicy(quietNs: UInt64(MemoryReturn.defaultQuietMs) * 1_000_000)
         var minNodes = MemoryReturn.defaultMinNodes
         var minAnswerBytes = MemoryReturn.defaultMinAnswerBytes
-        /// Trims asked for, checks made, and trims run, so far (tests).
+        /// Frees in bulk told of, checks made, and trims run, so far (tests).
         var asked = 0
         var checks = 0
         var trims = 0
@@ -61,7 +61,7 @@ final class MemoryReturn: Sendable {
         set { state.withLock { $0.policy.quietNs = UInt64(max(0, newValue)) * 1_000_000 } }
     }
 
-    /// Trims asked for so far.
+    /// How many times memory was freed in bulk, each an ask for a trim (tests).
     var asked: Int { state.withLock { $0.asked } }
 
     /// Trims run so far.
