@@ -144,6 +144,23 @@ extension WriteQueueTests {
         }
     }
 
+    /// The writer's pending changes keep their tables' room after an ordinary batch, not after one of a large job.
+    func testPendingChangesLetGoOfTheRoomALargeBatchMade() {
+        func nodes(_ count: Int) -> Changes {
+            Changes(jobs: [], nodes: (0..<count).map {
+                NodeRecord(jobID: "j", id: "n\($0)", parent: nil, position: $0, type: "fetch", state: .running)
+            }, bodies: [])
+        }
+        var pending = PendingChanges()
+        pending.merge(nodes(100))
+        pending.removeAll()
+        XCTAssertGreaterThanOrEqual(pending.nodes.capacity, 100, "room kept for the next batch")
+        pending.merge(nodes(PendingChanges.keptCapacity * 2))
+        pending.removeAll()
+        XCTAssertLessThanOrEqual(pending.nodes.capacity, PendingChanges.keptCapacity, "a large batch's room let go")
+        XCTAssertTrue(pending.isEmpty)
+    }
+
     /// State changes held by an idle writer are written with what raises it: here urgent changes pushed after them.
     func testStateChangesHeldByAnIdleWriterGoWithTheUrgentChangesThatRaiseIt() throws {
         try XCTSkipUnless(
