@@ -87,13 +87,19 @@ final class WriteQueueTests: XCTestCase {
         XCTAssertNil(queue.take(gatheringChangesUntilMs: anHourFromNow), "closed and drained")
     }
 
-    /// The test's thread plays the writer: `writerStarted` and `take` run on it, and the pushes on the test's thread
-    /// too (a push raises the writer from any thread), so every row is a fact when the next line looks.
-    func testTheWriterWritesStateChangesAloneAtIdlePriorityAndIsRaisedWhenSomebodyWaitsForUrgentChangesOrAChangeWaitedLong() throws {
+    /// The test's thread, which plays the writer and goes to idle priority and back; the test is skipped where this
+    /// user may not take a thread back.
+    func writerThread() throws -> Int32 {
         try XCTSkipUnless(
             IdlePriority.isReversible(atNice: currentThreadNice()),
             "this user may not take a thread back from idle priority (needs CAP_SYS_NICE or ulimit -e)")
-        let me = currentThreadID()
+        return currentThreadID()
+    }
+
+    /// The test's thread plays the writer: `writerStarted` and `take` run on it, and the pushes on the test's thread
+    /// too (a push raises the writer from any thread), so every row is a fact when the next line looks.
+    func testTheWriterWritesStateChangesAloneAtIdlePriorityAndIsRaisedWhenSomebodyWaitsForUrgentChangesOrAChangeWaitedLong() throws {
+        let me = try writerThread()
         defer { IdlePriority.set(false, thread: me) }
         let job = JobRecord(id: "j", createdAt: 0, request: .null)
         var settled = job
@@ -163,10 +169,7 @@ extension WriteQueueTests {
 
     /// State changes held by an idle writer are written with what raises it: here urgent changes pushed after them.
     func testStateChangesHeldByAnIdleWriterGoWithTheUrgentChangesThatRaiseIt() throws {
-        try XCTSkipUnless(
-            IdlePriority.isReversible(atNice: currentThreadNice()),
-            "this user may not take a thread back from idle priority (needs CAP_SYS_NICE or ulimit -e)")
-        let me = currentThreadID()
+        let me = try writerThread()
         defer { IdlePriority.set(false, thread: me) }
         let queue = WriteQueue()
         queue.maxIdleLagMs = 3_600_000
