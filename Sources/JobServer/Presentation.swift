@@ -162,8 +162,8 @@ enum Presentation {
         out.reserveCapacity(shown.reduce(16, { $0 + $1.count + 12 }) + list.resultBytes)
         out.append(contentsOf: #"{"nodes":["#.utf8)
         try list.write(to: &out) { k, out in
-            // The node's object without its closing brace (the one before it closed), then its result as the last
-            // member.
+            // Each node's object without its closing brace, then its result as its last member; the brace is
+            // written before the next node's object, and after the last.
             if k > 0 { out.append(contentsOf: "},".utf8) }
             out.append(contentsOf: shown[k].dropLast())
             out.append(contentsOf: #","result":"#.utf8)
