@@ -17,6 +17,14 @@ extension Rows {
         return nodes
     }
 
+    /// The job's nodes in position order, each with its result (assembled where it refers to others), in the
+    /// caller's transaction.
+    static func nodesWithResults(jobID: String, db: SQLiteConnection) throws -> [NodeRecord] {
+        var nodes = try storedNodes(jobID: jobID, from: 0, db: db)
+        try assemble(&nodes, jobID: jobID, db: db)
+        return nodes
+    }
+
     /// The result of the job's root, to be written as text from its nodes' rows (`ResultText`), in the caller's
     /// transaction: the rows are read now, each body when its fetch's result is written.
     static func resultText(jobID: String, db: SQLiteConnection) throws -> StoredResultText {
@@ -35,10 +43,22 @@ extension Rows {
     /// The job's nodes in tree order, each with its result to be written as text from the rows (`ResultText`), in
     /// the caller's transaction: the rows are read now, each body when a result that holds it is written.
     static func nodeListText(jobID: String, db: SQLiteConnection) throws -> StoredNodeListText {
-        let nodes = try storedNodes(jobID: jobID, from: 0, columns: Columns.nodeWithoutResult, db: db)
-        let (rows, _) = try resultRows(jobID: jobID, db: db)
-        guard rows.count == nodes.count, zip(rows, nodes).allSatisfy({ $0.id == $1.id }) else {
-            throw StoreError(.corrupt, "the nodes of job \(jobID) changed while they were read")
+        // One read of the rows: each node without its result (`Columns.nodeWithoutResult`), and its result's text and
+        // source, columns 17 and 18, for `ResultText`.
+        let statement = try db.prepare(
+            "SELECT \(Columns.nodeWithoutResult), result, result_ref FROM nodes WHERE job_id = ?1 ORDER BY position")
+        var nodes: [NodeRecord] = []
+        var rows: [ResultRow] = []
+        do {
+            defer { statement.reset() }
+            statement.bind(1, jobID)
+            while try statement.step() {
+                let node = try node(statement)
+                nodes.append(node)
+                rows.append(ResultRow(
+                    id: node.id, parent: node.parent, state: node.state, error: node.error, result: statement.blob(17),
+                    source: try ResultSource(code: statement.optionalInt(18))))
+            }
         }
         let children = ResultAssembly.children(of: rows, id: \.id, parent: \.parent)
         var index: [String: Int] = [:]

@@ -243,11 +243,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     ) throws -> StoredNodeListShown<T> {
         try inReadTransaction { db in
             guard let state = try Self.jobRow(id: jobID, columns: Columns.listedJob, db: db)?.state else { return .notFound }
-            guard state.isSettled else {
-                var nodes = try Rows.storedNodes(jobID: jobID, from: 0, db: db)
-                try Rows.assemble(&nodes, jobID: jobID, db: db)
-                return .nodes(state, nodes)
-            }
+            guard state.isSettled else { return .nodes(state, try Rows.nodesWithResults(jobID: jobID, db: db)) }
             // Read and written in this transaction: the rows, then each body as a result that holds it is written.
             return .shown(try make(try Rows.nodeListText(jobID: jobID, db: db)))
         }
@@ -336,20 +332,12 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     /// Reads a job's nodes in position order; with results, those that refer to others are assembled from the
     /// rows of the same snapshot.
     public func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord] {
-        let columns = includeResults ? Columns.node : Columns.nodeWithoutResult
-        return try readers.with { db in
-            if includeResults { try db.execute("BEGIN") }
-            defer { if includeResults { try? db.execute("COMMIT") } }
-            let statement = try db.prepare("SELECT \(columns) FROM nodes WHERE job_id = ?1 ORDER BY position")
-            var nodes: [NodeRecord] = []
-            do {
-                defer { statement.reset() }
-                statement.bind(1, jobID)
-                while try statement.step() { nodes.append(try Rows.node(statement)) }
+        guard includeResults else {
+            return try readers.with { db in
+                try Rows.storedNodes(jobID: jobID, from: 0, columns: Columns.nodeWithoutResult, db: db)
             }
-            if includeResults { try Rows.assemble(&nodes, jobID: jobID, db: db) }
-            return nodes
         }
+        return try inReadTransaction { db in try Rows.nodesWithResults(jobID: jobID, db: db) }
     }
 
     /// Reads one node with its result (assembled from its subtree's rows when it refers to them).
