@@ -178,14 +178,12 @@ struct ByteSink {
     }
 
     /// What `write` gives its sink, as an array sized once: `unescapedCount` (the text's length if no string needed
-    /// an escape) and a margin for escapes; a text that needs more is written once more at the size counted. A large
-    /// one is written into memory advised for huge pages (`HugePages`).
+    /// an escape) and a margin for escapes; a text that needs more is written once more at the size counted.
     static func bytes(unescapedCount: Int, _ write: (inout ByteSink) -> Void) -> [UInt8] {
         var capacity = room(forUnescaped: unescapedCount)
         while true {
             var needed = 0
             let out = [UInt8](unsafeUninitializedCapacity: capacity) { buffer, initialized in
-                HugePages.advise(UnsafeMutableRawPointer(buffer.baseAddress), count: buffer.count)
                 var sink = ByteSink(buffer)
                 write(&sink)
                 needed = sink.needed
