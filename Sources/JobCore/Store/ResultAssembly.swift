@@ -154,6 +154,13 @@ enum ResultAssembly {
     /// Each row's children, as indices in `rows` in row order: `rows` are one job's in position order, where a child
     /// comes after its parent.
     static func children<Row>(of rows: [Row], id: (Row) -> String, parent: (Row) -> String?) -> [[Int]] {
+        tree(of: rows, id: id, parent: parent).children
+    }
+
+    /// `children(of:id:parent:)`, and the row of each id, which finding them takes.
+    static func tree<Row>(
+        of rows: [Row], id: (Row) -> String, parent: (Row) -> String?
+    ) -> (children: [[Int]], index: [String: Int]) {
         var index: [String: Int] = [:]
         index.reserveCapacity(rows.count)
         var children = [[Int]](repeating: [], count: rows.count)
@@ -161,7 +168,7 @@ enum ResultAssembly {
             if let parent = parent(rows[k]), let p = index[parent] { children[p].append(k) }
             index[id(rows[k])] = k
         }
-        return children
+        return (children, index)
     }
 
     /// How many response bodies `assemble` reads at once. A read of a stored job of 100,000 fetches of 1 KiB held

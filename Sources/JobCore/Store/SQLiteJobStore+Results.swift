@@ -60,10 +60,7 @@ extension Rows {
                     source: try ResultSource(code: statement.optionalInt(18))))
             }
         }
-        let children = ResultAssembly.children(of: rows, id: \.id, parent: \.parent)
-        var index: [String: Int] = [:]
-        index.reserveCapacity(rows.count)
-        for (k, row) in rows.enumerated() { index[row.id] = k }
+        let (children, index) = ResultAssembly.tree(of: rows, id: \.id, parent: \.parent)
         var bodyBytes = [Int](repeating: 0, count: rows.count)
         let lengths = try db.prepare("SELECT node_id, length(bytes) FROM bodies WHERE job_id = ?1")
         defer { lengths.reset() }
