@@ -1,9 +1,10 @@
-// Linux-only calls the Glibc module does not export: epoll, eventfd, accept4.
+// Linux-only calls the Glibc module does not export: epoll, eventfd, accept4, sendfile.
 #ifndef CHTTPLINUX_SHIM_H
 #define CHTTPLINUX_SHIM_H
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 
 // accept4 is declared only under _GNU_SOURCE, which the Glibc module is built without.

@@ -80,6 +80,9 @@ public final class HTTPServer: @unchecked Sendable {
             }
             phase = .running
         }
+        // A body kept in a file goes out by `sendfile`, which has no `MSG_NOSIGNAL`: a peer gone meanwhile must fail
+        // the call (`EPIPE`), not end the process.
+        signal(SIGPIPE, SIG_IGN)
         let count = max(1, configuration.eventLoopCount)
         var sockets: [Int32] = []
         var port = configuration.port

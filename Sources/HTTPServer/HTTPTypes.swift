@@ -177,6 +177,10 @@ public struct HTTPResponse: Sendable {
     /// it for as long as it holds the body and lets go of both together, off the event loops. The owner can so tell,
     /// by its deinitialisation, when no connection needs the body any more.
     public var bodyOwner: (any AnyObject & Sendable)?
+    /// The body as the first bytes of an open file, in place of `body` (which is then ignored): sent from the page
+    /// cache by `sendfile`, never read into memory. The file must stay open and unchanged while the server holds
+    /// the answer: `bodyOwner` is what keeps it so (the server holds the owner until the body is sent or dropped).
+    public var bodyFile: HTTPFileBody?
 
     /// A response with the given status, headers and body.
     public init(status: Int, headers: HTTPHeaders = HTTPHeaders(), body: [UInt8] = []) {
@@ -184,7 +188,11 @@ public struct HTTPResponse: Sendable {
         self.headers = headers
         self.body = body
         self.bodyOwner = nil
+        self.bodyFile = nil
     }
+
+    /// How many bytes the body has: `bodyFile`'s, or `body`'s.
+    public var bodyCount: Int { bodyFile?.count ?? body.count }
 
     /// A protocol-level error response: `{"error":{"code":…,"message":…}}` as `application/json`.
     /// - Parameters:
@@ -200,6 +208,17 @@ public struct HTTPResponse: Sendable {
         appendJSONString(message, to: &body)
         body.append(contentsOf: Array("}}".utf8))
         return HTTPResponse(status: status, headers: HTTPHeaders([("Content-Type", "application/json")]), body: body)
+    }
+}
+
+/// A response body kept in a file: its first `count` bytes, read through `fd`, which its owner keeps open.
+public struct HTTPFileBody: Sendable, Equatable {
+    public let fd: Int32
+    public let count: Int
+
+    public init(fd: Int32, count: Int) {
+        self.fd = fd
+        self.count = count
     }
 }
 

@@ -2,7 +2,8 @@
 /// headers (minus the framing ones the server owns), `Content-Length`, `Connection`, body.
 ///
 /// With `streamed`, only the head is written, for a body sent later (`HTTPStream`); with `omitBody`, only the
-/// head too, for a body the caller queues itself (`OutputQueue`).
+/// head too, for a body the caller queues itself (`OutputQueue`). A `bodyFile` is never written here: the caller
+/// queues it.
 func serializeResponse(_ response: HTTPResponse, into out: inout [UInt8], dateHeader: [UInt8], isHead: Bool,
                        keepAlive: Bool, http10: Bool, streamed: StreamFraming? = nil, omitBody: Bool = false) {
     let status = response.status
@@ -38,12 +39,12 @@ func serializeResponse(_ response: HTTPResponse, into out: inout [UInt8], dateHe
         if streamed == .chunked && bodyAllowed { out.append(contentsOf: transferEncodingChunked) }
     } else if bodyAllowed {
         out.append(contentsOf: contentLengthPrefix)
-        if isHead && response.body.isEmpty, let explicit = explicitLength,
+        if isHead && response.bodyCount == 0, let explicit = explicitLength,
            !explicit.isEmpty, explicit.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) {
             // A HEAD-specific handler may announce the length of the body GET would send.
             out.append(contentsOf: explicit.utf8)
         } else {
-            appendDecimal(response.body.count, to: &out)
+            appendDecimal(response.bodyCount, to: &out)
         }
         out.append(0x0D)
         out.append(0x0A)
@@ -55,7 +56,7 @@ func serializeResponse(_ response: HTTPResponse, into out: inout [UInt8], dateHe
     }
     out.append(0x0D)
     out.append(0x0A)
-    if bodyAllowed && !isHead && streamed == nil && !omitBody {
+    if bodyAllowed && !isHead && streamed == nil && !omitBody && response.bodyFile == nil {
         out.append(contentsOf: response.body)
     }
 }

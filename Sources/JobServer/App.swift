@@ -441,7 +441,8 @@ final class App: @unchecked Sendable {
                 exchange.send(Self.json(200, Presentation.nodeList(nodes, includeResult: includeResult)))
             case .success(.shown(let shown)):
                 var answer = Self.json(200, shown.bytes)
-                // Held while the body is: readers of the same job's nodes meanwhile share this copy.
+                if let file = shown.file { answer.bodyFile = HTTPFileBody(fd: file.fd, count: file.count) }
+                // Held while the body is: readers of the same job's nodes meanwhile share this copy (or file).
                 answer.bodyOwner = shown
                 exchange.send(answer)
             case .success(.notFound):

@@ -22,6 +22,20 @@ final class Service: @unchecked Sendable {
     private let server: HTTPServer
     private let logger: Logger
 
+    /// The engine over `store`, its answers shown as `Presentation` says; not started.
+    static func engine(store: JobStore, fetcher: Fetcher, config: ServerConfig, logger: Logger) -> Engine {
+        // Large answers are written to temporary files beside the SQLite file (no node list is written from rows on
+        // PostgreSQL).
+        let spoolDirectory = config.usesPostgres ? nil : URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path
+        let spoolBytes = config.spoolAnswerBytes
+        return Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
+            renderSettled: Presentation.jobBytes, renderSettledWithResultText: Presentation.jobBytes,
+            renderNodeList: Presentation.nodeListBytes,
+            renderNodeListWithResultText: {
+                try Presentation.nodeListAnswer($0, spoolDirectory: spoolDirectory, spoolBytes: spoolBytes)
+            })
+    }
+
     /// Creates the database folder, opens the store and the fetcher. Nothing runs yet.
     /// - Throws: `StartupError`.
     init(config: ServerConfig, logger: Logger) throws {
@@ -54,9 +68,7 @@ final class Service: @unchecked Sendable {
         } catch {
             throw StartupError(step: "start the fetcher", underlying: error)
         }
-        engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
-            renderSettled: Presentation.jobBytes, renderSettledWithResultText: Presentation.jobBytes,
-            renderNodeList: Presentation.nodeListBytes, renderNodeListWithResultText: Presentation.nodeListBytes)
+        engine = Self.engine(store: store, fetcher: fetcher, config: config, logger: logger)
         let engine = self.engine
         webhooks = WebhookOutbox(
             database: outboxDatabase, store: store, fetcher: fetcher, configuration: config.webhookConfiguration,

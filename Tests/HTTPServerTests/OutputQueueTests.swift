@@ -246,4 +246,86 @@ final class OutputQueueTests: XCTestCase {
         wait(for: [gone], timeout: 10)
         XCTAssertFalse(queue.isEmpty, "a small body is copied into the queue: its owner has nothing to hold")
     }
+    // MARK: Bodies kept in files
+
+    /// A file of `bytes`, open for reading, already unlinked; the caller closes it.
+    private func file(_ bytes: [UInt8]) throws -> Int32 {
+        let path = NSTemporaryDirectory() + "output-queue-\(UUID().uuidString)"
+        guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else {
+            throw XCTSkip("cannot make a file in \(NSTemporaryDirectory())")
+        }
+        let fd = open(path, O_RDONLY)
+        unlink(path)
+        guard fd >= 0 else { throw XCTSkip("cannot open \(path): errno \(errno)") }
+        return fd
+    }
+
+    /// Closes its file when let go of, and says on which thread.
+    private final class FileOwner: Sendable {
+        let fd: Int32
+        private let owner: Owner
+
+        init(fd: Int32, _ owner: Owner) {
+            self.fd = fd
+            self.owner = owner
+        }
+
+        deinit { close(fd) }
+    }
+
+    func testABodyInAFileIsSentFromItInOrderWithinTheBudgetThenItsOwnerLetGoOfOffTheSendingThread() throws {
+        let bytes = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 11) }
+        let gone = expectation(description: "the file's owner was let go of")
+        let offTestThread = Locked<[Bool]>([])
+        var fileOwner: FileOwner? = FileOwner(
+            fd: try file(bytes), Owner(gone, testThread: pthread_self(), offTestThread: offTestThread))
+        weak let watched = fileOwner
+        var response = HTTPResponse(status: 200)
+        response.bodyFile = HTTPFileBody(fd: fileOwner?.fd ?? -1, count: bytes.count)
+        response.bodyOwner = fileOwner
+        fileOwner = nil
+        let small = HTTPResponse(status: 404, body: Array("gone".utf8))
+        var queue = OutputQueue(releaser: BodyReleaser())
+        queue.append(small, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        queue.append(response, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        // A HEAD answer has the file's length, and no body: the file is not queued for it.
+        queue.append(response, dateHeader: date, isHead: true, keepAlive: true, http10: false)
+        queue.append(small, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        response = HTTPResponse(status: 200)
+        let inMemory = HTTPResponse(status: 200, body: bytes)
+        let expected = serialized(small) + serialized(inMemory) + serialized(inMemory, isHead: true) + serialized(small)
+        XCTAssertEqual(queue.count, expected.count)
+        XCTAssertTrue(queue.unsentBytes == expected)
+        XCTAssertNotNil(watched, "held while its file is queued")
+
+        let (sender, receiver) = try socketPair(bytes: 4 << 20)
+        defer { close(sender); close(receiver) }
+        var received: [UInt8] = []
+        var turns = 0
+        while !queue.isEmpty && turns < 10_000 {
+            let (outcome, sent) = queue.send(to: sender, budget: 50_000)
+            XCTAssertNotEqual(outcome, .failed)
+            XCTAssertLessThanOrEqual(sent, 50_000)
+            received += drain(receiver, limit: expected.count - received.count)
+            turns += 1
+        }
+        received += drain(receiver, limit: expected.count - received.count)
+        XCTAssertEqual(received.count, expected.count)
+        XCTAssertTrue(received == expected, "the file's bytes, between the answers before and after it")
+        wait(for: [gone], timeout: 10)
+        XCTAssertNil(watched)
+        XCTAssertEqual(offTestThread.withLock { $0 }, [true], "let go of on the releaser's queue")
+    }
+
+    func testAFileShorterThanItsAnswerSaysFailsTheSendRatherThanLeaveThePeerWaiting() throws {
+        let fd = try file([UInt8](repeating: 0x66, count: 1000))
+        defer { close(fd) }
+        var response = HTTPResponse(status: 200)
+        response.bodyFile = HTTPFileBody(fd: fd, count: 5000)
+        var queue = OutputQueue()
+        queue.append(response, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+        let (sender, receiver) = try socketPair(bytes: 4 << 20)
+        defer { close(sender); close(receiver) }
+        XCTAssertEqual(queue.send(to: sender, budget: 1 << 20).0, .failed)
+    }
 }

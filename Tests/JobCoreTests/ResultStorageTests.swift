@@ -77,13 +77,21 @@ class ResultStorageTests: EngineTestCase {
         _ engine: Engine, _ job: JobRecord, _ nodes: [NodeRecord], file: StaticString = #filePath, line: UInt = #line
     ) throws {
         let found = try engine.store.showStoredNodeList(jobID: job.id) { list -> [(String, String)] in
-            var out: [UInt8] = []
+            var sink = AnswerSink(capacity: 0)
             var starts: [Int] = []
-            try list.write(to: &out) { k, out in
+            try list.write(to: &sink) { k, out in
                 XCTAssertEqual(k, starts.count, "nodes in turn", file: file, line: line)
                 out.append(contentsOf: "|".utf8)
                 starts.append(out.count)
             }
+            let out = sink.buffer
+            // Written to a file, a few bytes at a time (each fetch's result copied from the file where a list
+            // holding it wrote it), the same bytes.
+            var spooled = try AnswerSink.spooled(in: NSTemporaryDirectory(), flushBytes: 7)
+            try list.write(to: &spooled) { _, out in out.append(contentsOf: "|".utf8) }
+            let answer = try spooled.finish()
+            XCTAssertEqual(answer.count, out.count, file: file, line: line)
+            XCTAssertTrue(try answer.file?.bytes() == out, "written to a file, the node list differs", file: file, line: line)
             let ends = starts.dropFirst().map { $0 - 1 } + [out.count]
             let shown = zip(starts, ends).enumerated().map { k, range in
                 (list.nodes[k].id, String(decoding: out[range.0..<range.1], as: UTF8.self))

@@ -180,6 +180,45 @@ final class ReadPathTests: XCTestCase {
         XCTAssertEqual(answer.text, String(decoding: Presentation.nodeListBytes(stored.inTreeOrder()), as: UTF8.self))
     }
 
+    /// Past its size bound, a stored job's nodes with their results are written to a temporary file beside the store
+    /// and sent from it: over a real connection, byte for byte the list its results as values make, `HEAD` with its
+    /// length; readers meanwhile share the one file, and no file is left in the store's folder.
+    func testALargeStoredNodeListIsSentFromATemporaryFileByteForByte() throws {
+        try start { $0.spoolAnswerBytes = 1 }
+        let id = submitMixedJobAndRetire()
+        let stored = try harness.engine.store.nodes(jobID: id, includeResults: true)
+        let expected = Presentation.nodeListBytes(stored.inTreeOrder())
+
+        var configuration = harness.app.makeServerConfiguration()
+        configuration.port = 0
+        let server = HTTPServer(configuration: configuration, router: harness.app.makeRouter())
+        let port = try server.start()
+        defer { _ = server.shutdown(gracePeriodSeconds: 2) }
+        let target = "/v1/jobs/\(id)/nodes?include=result"
+        let answer = try RawHTTPClient.send(port: port, "GET", target)
+        XCTAssertEqual(answer.status, 200)
+        XCTAssertEqual(answer.header("Content-Type"), "application/json")
+        XCTAssertEqual(answer.text, String(decoding: expected, as: UTF8.self))
+        let head = try RawHTTPClient.send(port: port, "HEAD", target)
+        XCTAssertEqual(head.header("Content-Length"), String(expected.count))
+        XCTAssertEqual(head.body, [])
+
+        // Held by a reader, the answer is in a file; a second reader meanwhile is given the same one.
+        let engine = harness.engine
+        func shown() throws -> SettledAnswer? {
+            let found = try engine.answer("nodes of \(id)") { engine.nodeList(jobID: id, includeResults: true, $0) }.get()
+            guard case .shown(let answer) = found else { return nil }
+            return answer
+        }
+        let held = try XCTUnwrap(try shown())
+        let file = try XCTUnwrap(held.file, "the answer is not in a file")
+        XCTAssertEqual(try file.bytes(), expected)
+        XCTAssertEqual(held.bytes, [], "the answer is held in memory too")
+        XCTAssertTrue(try shown() === held, "a reader meanwhile gets the same file")
+        let folder = try FileManager.default.contentsOfDirectory(atPath: dir.path)
+        XCTAssertEqual(folder.filter { !$0.hasPrefix("jobs.sqlite") }, [], "a file left beside the store")
+    }
+
     /// Submits a job with every kind of entry (JSON, text and bytes bodies, a failed fetch, a `consume_errors` list,
     /// a `fire_on_first_result` list, `name` and `metadata`), waits until it succeeded and left memory.
     private func submitMixedJobAndRetire() -> String {

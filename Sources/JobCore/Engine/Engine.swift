@@ -93,7 +93,7 @@ public final class Engine: @unchecked Sendable {
     private let renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])?
     /// Shows a stored settled job's nodes with their results written as text from the rows (`StoredNodeListText`);
     /// `nil`: they are read as values and `renderNodeList` shows them.
-    private let renderNodeListWithResultText: (@Sendable (StoredNodeListText) throws -> [UInt8])?
+    private let renderNodeListWithResultText: (@Sendable (StoredNodeListText) throws -> SettledAnswer)?
     /// Gives back to the system what large runs and large reads from the store free.
     let memoryReturn = MemoryReturn()
     /// Store reads and the answers made from them run here, never on a caller's (event-loop) thread nor on `queue`.
@@ -130,13 +130,14 @@ public final class Engine: @unchecked Sendable {
     ///   - renderNodeList: a settled job's nodes with their results, as a read of them answers (`nodeList`); `nil`
     ///     shares nothing.
     ///   - renderNodeListWithResultText: the same, for a job read from the store, with each result written in by
-    ///     the `StoredNodeListText` given; `nil`: the results are read as values and `renderNodeList` shows them.
+    ///     the `StoredNodeListText` given (into memory, or a temporary file: `AnswerSink`); `nil`: the results are
+    ///     read as values and `renderNodeList` shows them.
     public init(
         store: JobStore, fetcher: Fetcher, configuration: EngineConfiguration, logger: Logger,
         renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil,
         renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> [UInt8])? = nil,
         renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil,
-        renderNodeListWithResultText: (@Sendable (StoredNodeListText) throws -> [UInt8])? = nil
+        renderNodeListWithResultText: (@Sendable (StoredNodeListText) throws -> SettledAnswer)? = nil
     ) {
         self.store = store
         self.fetcher = fetcher
@@ -691,7 +692,7 @@ public final class Engine: @unchecked Sendable {
                 self.storedNodeLists.read(jobID, answer) {
                     // Taken before the read, as for a job's answer.
                     let removals = self.settledJobs.removals
-                    let found: StoredNodeListShown<[UInt8]>
+                    let found: StoredNodeListShown<SettledAnswer>
                     if let renderNodeListWithResultText = self.renderNodeListWithResultText {
                         found = try self.store.showStoredNodeList(jobID: jobID, renderNodeListWithResultText)
                     } else {
@@ -706,11 +707,11 @@ public final class Engine: @unchecked Sendable {
                         // Put in tree order below, as a live run's are.
                         guard state.isSettled else { return .nodes(nodes) }
                         shown = SettledAnswer(renderNodeList(nodes.inTreeOrder()))
-                    case .shown(let bytes):
-                        shown = SettledAnswer(bytes)
+                    case .shown(let answer):
+                        shown = answer
                     }
                     self.settledJobs.noteNodeList(shown, of: jobID, ifNoRemovalSince: removals)
-                    self.memoryReturn.answerMade(bytes: shown.bytes.count)
+                    self.memoryReturn.answerMade(bytes: shown.count)
                     return .shown(shown)
                 }
             }) { read in
@@ -1570,10 +1571,23 @@ public struct SettledJob: Sendable {
 
 /// A settled job's answer bytes, as an object: a reader that sends them holds it for as long as it holds the bytes
 /// (`HTTPResponse.bodyOwner`), so that the settled-job cache sees when no reader needs an answer too large to keep.
+/// A very large one is kept in a temporary file instead (`file`, with `bytes` empty), sent from there.
 public final class SettledAnswer: Sendable {
     public let bytes: [UInt8]
+    public let file: SpooledAnswer?
 
-    init(_ bytes: [UInt8]) { self.bytes = bytes }
+    init(_ bytes: [UInt8]) {
+        self.bytes = bytes
+        self.file = nil
+    }
+
+    init(file: SpooledAnswer) {
+        self.bytes = []
+        self.file = file
+    }
+
+    /// The answer's length, wherever it is kept.
+    public var count: Int { file?.count ?? bytes.count }
 }
 
 /// What `Engine.readJob` found.

@@ -14,10 +14,16 @@ struct ResultRow {
 /// is about to take (at least as many as it will, for a buffer reserved once).
 public struct StoredResultText {
     public let capacityBytes: Int
-    let write: (inout [UInt8]) throws -> Void
+    let write: (inout AnswerSink) throws -> Void
 
     /// Appends the result's text to `out`.
-    public func write(to out: inout [UInt8]) throws { try write(&out) }
+    public func write(to out: inout [UInt8]) throws {
+        // The array is taken over and given back, never copied.
+        var sink = AnswerSink(after: out)
+        out = []
+        try write(&sink)
+        out = sink.buffer
+    }
 }
 
 /// A stored job's nodes with their results, the results written as JSON text from the rows (`ResultText`), never
@@ -27,12 +33,12 @@ public struct StoredNodeListText {
     public let nodes: [NodeRecord]
     /// At least as many bytes as the results take but for escapes, for a buffer reserved once.
     public let resultBytes: Int
-    let write: (inout [UInt8], (Int, inout [UInt8]) -> Void) throws -> Void
+    let write: (inout AnswerSink, (Int, inout [UInt8]) -> Void) throws -> Void
 
-    /// Appends to `out`, for each of `nodes` in turn, what `before` writes (given the node's index) and then the
-    /// node's result (`null` when it has none). A fetch's result, which a list holding it shows again, is written
-    /// once and copied from there.
-    public func write(to out: inout [UInt8], before: (Int, inout [UInt8]) -> Void) throws { try write(&out, before) }
+    /// Appends to `out`, for each of `nodes` in turn, what `before` writes (given the node's index, to the sink's
+    /// buffer) and then the node's result (`null` when it has none). A fetch's result, which a list holding it
+    /// shows again, is written once and copied from there.
+    public func write(to out: inout AnswerSink, before: (Int, inout [UInt8]) -> Void) throws { try write(&out, before) }
 }
 
 /// Writes a stored result as the text `ResultAssembly` then `JSONValue.bytes` would make of it, without making the
@@ -44,7 +50,7 @@ enum ResultText {
     /// Writes the result of `rows[0]` (a subtree's rows in position order, its root first) to `out`.
     /// - Parameter body: the stored response body of the fetch node with this id, if any.
     /// - Throws: `StoreError.corrupt` where `ResultAssembly.assemble` would.
-    static func write(_ rows: [ResultRow], into out: inout [UInt8], body: (String) throws -> [UInt8]?) throws {
+    static func write(_ rows: [ResultRow], into out: inout AnswerSink, body: (String) throws -> [UInt8]?) throws {
         guard !rows.isEmpty else { throw StoreError(.corrupt, "no row to write a result from") }
         let children = ResultAssembly.children(of: rows, id: \.id, parent: \.parent)
         // Each fetch's result is written once here: nothing to copy.
@@ -57,7 +63,7 @@ enum ResultText {
     /// - Parameter written: where in `out` the results of fetches were written before (by row), to be copied from
     ///   there; those written now are added. `nil`: none is written twice.
     static func write(
-        _ rows: [ResultRow], children: [[Int]], root: Int, into out: inout [UInt8], written: inout [Int: Range<Int>]?,
+        _ rows: [ResultRow], children: [[Int]], root: Int, into out: inout AnswerSink, written: inout [Int: Range<Int>]?,
         body: (String) throws -> [UInt8]?
     ) throws {
         // Lists whose entries are being written: the list's row, its next child, and whether errors are consumed.
@@ -82,11 +88,10 @@ enum ResultText {
                     throw StoreError(.corrupt, "node \(rows[k].id) succeeded without a stored result")
                 }
                 if let range = written?[k] {
-                    let copy = Array(out[range])
-                    out.append(contentsOf: copy)
+                    try out.appendCopy(of: range)
                 } else {
                     let start = out.count
-                    try withBody(text, of: rows[k].id, body).append(to: &out)
+                    try withBody(text, of: rows[k].id, body).append(to: &out.buffer)
                     written?[k] = start..<out.count
                 }
             case .child, nil:
@@ -118,14 +123,15 @@ enum ResultText {
                 out.append(contentsOf: "null".utf8)
             } else {
                 // As `ResultAssembly.entry` makes it.
-                JSONValue.object([JSONMember("error", rows[c].error?.json ?? .null)]).append(to: &out)
+                JSONValue.object([JSONMember("error", rows[c].error?.json ?? .null)]).append(to: &out.buffer)
             }
+            try out.flushIfFull()
         }
     }
 
     /// The result of each row as the node list shows it (`StoredNodeListText`): `null` for a row with none.
     static func writeShown(
-        _ rows: [ResultRow], children: [[Int]], row k: Int, into out: inout [UInt8], written: inout [Int: Range<Int>]?,
+        _ rows: [ResultRow], children: [[Int]], row k: Int, into out: inout AnswerSink, written: inout [Int: Range<Int>]?,
         body: (String) throws -> [UInt8]?
     ) throws {
         if rows[k].source == nil && rows[k].result == nil {

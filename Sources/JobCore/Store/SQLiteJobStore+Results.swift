@@ -74,8 +74,9 @@ extension Rows {
         return StoredNodeListText(nodes: order.map { nodes[$0] }, resultBytes: sizes.reduce(0, +)) { out, before in
             var written: [Int: Range<Int>]? = [:]
             for (k, row) in order.enumerated() {
-                before(k, &out)
+                before(k, &out.buffer)
                 try ResultText.writeShown(rows, children: children, row: row, into: &out, written: &written, body: body)
+                try out.flushIfFull()
             }
         }
     }

@@ -85,9 +85,7 @@ final class AppHarness {
             store = try SQLiteJobStore(path: config.dbPath, logger: logger)
         }
         fetcher = try Fetcher(configuration: config.fetcherConfiguration)
-        engine = Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
-            renderSettled: Presentation.jobBytes, renderSettledWithResultText: Presentation.jobBytes,
-            renderNodeList: Presentation.nodeListBytes, renderNodeListWithResultText: Presentation.nodeListBytes)
+        engine = Service.engine(store: store, fetcher: fetcher, config: config, logger: logger)
         try engine.start()
         app = App(engine: engine, fetcher: fetcher, config: config, logger: logger)
     }
@@ -122,9 +120,17 @@ final class AppHarness {
             queryItems: query.map { (name: $0.0, value: $0.1) }, pathParameters: params)
         let exchange = Exchange(
             request: request, logger: Logger(label: "test", minimumLevel: .info) { [logs] in logs.append($0) },
-            deliver: { done(Answer(status: $0.status, headers: $0.headers, body: $0.body)) },
+            deliver: { done(Answer(status: $0.status, headers: $0.headers, body: Self.body(of: $0))) },
             registerOnClose: onClose)
         app.handle(route, request, exchange)
+    }
+
+    /// The body of `response`, read from its file if it has one (held open by its owner, which `response` holds).
+    static func body(of response: HTTPResponse) -> [UInt8] {
+        guard let file = response.bodyFile else { return response.body }
+        var bytes = [UInt8](repeating: 0, count: file.count)
+        let read = bytes.withUnsafeMutableBytes { pread(file.fd, $0.baseAddress, $0.count, 0) }
+        return read == file.count ? bytes : []
     }
 
     /// Calls a route and waits (bounded) for its answer.

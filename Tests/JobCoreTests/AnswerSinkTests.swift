@@ -1,0 +1,77 @@
+import Foundation
+import XCTest
+
+@testable import JobCore
+
+/// Where a large answer is written: memory, or a temporary file reached through a small buffer, with the same bytes.
+final class AnswerSinkTests: XCTestCase {
+    /// Writes the same pieces and copies to `sink`: text, then copies of earlier ranges (in the file, in the buffer,
+    /// across both), flushing between pieces as writers do.
+    private func write(into sink: inout AnswerSink) throws -> [UInt8] {
+        var expected: [UInt8] = []
+        func piece(_ text: String) throws {
+            sink.append(contentsOf: text.utf8)
+            expected.append(contentsOf: text.utf8)
+            try sink.flushIfFull()
+        }
+        func copy(_ range: Range<Int>) throws {
+            try sink.appendCopy(of: range)
+            expected.append(contentsOf: expected[range])
+            try sink.flushIfFull()
+        }
+        try piece("{\"nodes\":[")
+        for k in 0..<50 { try piece("{\"id\":\"n\(k)\",\"result\":\(k * k)},") }
+        try copy(0..<10)
+        try copy(100..<400)
+        try copy(expected.count - 5..<expected.count)
+        try copy(3..<expected.count)
+        sink.append(UInt8(ascii: "]"))
+        expected.append(UInt8(ascii: "]"))
+        return expected
+    }
+
+    func testInMemoryTheAnswerIsTheBytesWritten() throws {
+        var sink = AnswerSink(capacity: 16)
+        let expected = try write(into: &sink)
+        let answer = try sink.finish()
+        XCTAssertNil(answer.file)
+        XCTAssertEqual(answer.bytes, expected)
+        XCTAssertEqual(answer.count, expected.count)
+    }
+
+    func testInAFileTheAnswerIsTheSameBytesWhateverTheBufferSize() throws {
+        for flushBytes in [1, 7, 64, 1 << 20] {
+            var sink = try AnswerSink.spooled(in: NSTemporaryDirectory(), flushBytes: flushBytes)
+            let expected = try write(into: &sink)
+            XCTAssertEqual(sink.count, expected.count, "flushing every \(flushBytes)")
+            let answer = try sink.finish()
+            let file = try XCTUnwrap(answer.file, "flushing every \(flushBytes)")
+            XCTAssertEqual(answer.bytes, [], "nothing held in memory")
+            XCTAssertEqual(answer.count, expected.count)
+            XCTAssertEqual(try file.bytes(), expected, "flushing every \(flushBytes)")
+        }
+    }
+
+    func testTheFileHasNoNameAndClosesWithTheAnswer() throws {
+        var sink = try AnswerSink.spooled(in: NSTemporaryDirectory(), flushBytes: 4)
+        sink.append(contentsOf: "0123456789".utf8)
+        var answer: SettledAnswer? = try sink.finish()
+        let fd = try XCTUnwrap(answer?.file?.fd)
+        let link = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(fd)")
+        XCTAssertTrue(link.hasSuffix("(deleted)"), "\(link): nothing of the file is left on disk to clean up")
+        var status = stat()
+        XCTAssertEqual(fstat(fd, &status), 0)
+        XCTAssertEqual(status.st_size, 10)
+        answer = nil
+        XCTAssertNil(answer)
+        // Closed: the descriptor names nothing, or (taken again meanwhile) something else.
+        let after = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(fd)")
+        XCTAssertNotEqual(after, link, "closed with the last reference to the answer")
+    }
+
+    func testAFileThatCannotBeMadeIsAnIOError() {
+        XCTAssertThrowsError(try AnswerSink.spooled(in: "/nonexistent-\(UUID().uuidString)")) { error in
+            XCTAssertEqual((error as? StoreError)?.kind, .io)
+        }
+    }
+}
