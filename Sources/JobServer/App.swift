@@ -359,8 +359,8 @@ final class App: @unchecked Sendable {
         switch read {
         case .settled(let settled):
             var answer = jobAnswer(id: settled.id, version: settled.version, ifNoneMatch: ifNoneMatch) { settled.body }
-            // Held while the body is: readers of a job too large to cache share this copy meanwhile.
-            answer.bodyOwner = settled.answer
+            // Readers of a job too large to cache share this copy (or file) meanwhile.
+            attach(settled.answer, to: &answer)
             return answer
         case .record(let job):
             return jobAnswer(job, ifNoneMatch: ifNoneMatch)
@@ -441,9 +441,8 @@ final class App: @unchecked Sendable {
                 exchange.send(Self.json(200, Presentation.nodeList(nodes, includeResult: includeResult)))
             case .success(.shown(let shown)):
                 var answer = Self.json(200, shown.bytes)
-                if let file = shown.file { answer.bodyFile = HTTPFileBody(fd: file.fd, count: file.count) }
-                // Held while the body is: readers of the same job's nodes meanwhile share this copy (or file).
-                answer.bodyOwner = shown
+                // Readers of the same job's nodes meanwhile share this copy (or file).
+                Self.attach(shown, to: &answer)
                 exchange.send(answer)
             case .success(.notFound):
                 exchange.send(Self.jobNotFound(id))
@@ -540,6 +539,15 @@ final class App: @unchecked Sendable {
     /// A JSON answer already shown.
     static func json(_ status: Int, _ body: [UInt8]) -> HTTPResponse {
         HTTPResponse(status: status, headers: HTTPHeaders([("Content-Type", "application/json")]), body: body)
+    }
+
+    /// Makes `response` send `answer` from its file, if it is kept in one (unless `response` has no body: a `304`),
+    /// and hold it while the body is sent.
+    static func attach(_ answer: SettledAnswer, to response: inout HTTPResponse) {
+        if let file = answer.file, response.status == 200 {
+            response.bodyFile = HTTPFileBody(fd: file.fd, count: file.count)
+        }
+        response.bodyOwner = answer
     }
 
     /// A job's strong entity tag: a job's answer changes exactly when its version does.

@@ -94,25 +94,24 @@ enum Presentation {
     @Sendable static func jobBytes(_ record: JobRecord) -> [UInt8] { job(record).bytes }
 
     /// `jobBytes` of `record` with the result that `result` writes: the job object is written around it, the result
-    /// written into the answer's own buffer, never held as values.
-    @Sendable static func jobBytes(_ record: JobRecord, result: StoredResultText) throws -> [UInt8] {
+    /// written into the answer, never held as values; a large answer to a temporary file (`spool`).
+    static func jobAnswer(_ record: JobRecord, result: StoredResultText, spool: AnswerSpool) throws -> SettledAnswer {
         guard case .object(let members) = job(record), let k = members.firstIndex(where: { $0.key == "result" }), k > 0
-        else { return jobBytes(record) }
+        else { return try spool.answer(estimate: 0) { $0.append(contentsOf: jobBytes(record)) } }
         // `{…}` of the members before the result, and of those after it: each written as an object and cut.
         let head = JSONValue.object(Array(members[..<k])).bytes
         let tail = JSONValue.object(Array(members[(k + 1)...])).bytes
-        var out: [UInt8] = []
-        out.reserveCapacity(head.count + tail.count + 16 + result.capacityBytes)
-        out.append(contentsOf: head.dropLast())
-        out.append(contentsOf: #","result":"#.utf8)
-        try result.write(to: &out)
-        if tail.count > 2 {
-            out.append(UInt8(ascii: ","))
-            out.append(contentsOf: tail.dropFirst())
-        } else {
-            out.append(UInt8(ascii: "}"))
+        return try spool.answer(estimate: head.count + tail.count + 16 + result.capacityBytes) { out in
+            out.append(contentsOf: head.dropLast())
+            out.append(contentsOf: #","result":"#.utf8)
+            try result.write(to: &out)
+            if tail.count > 2 {
+                out.append(UInt8(ascii: ","))
+                out.append(contentsOf: tail.dropFirst())
+            } else {
+                out.append(UInt8(ascii: "}"))
+            }
         }
-        return out
     }
 
     /// One node of `GET /v1/jobs/{id}/nodes`; `result` only when asked for.
@@ -155,36 +154,21 @@ enum Presentation {
     @Sendable static func nodeListBytes(_ nodes: [NodeRecord]) -> [UInt8] { nodeList(nodes, includeResult: true).bytes }
 
     /// `nodeListBytes` of the stored nodes `list` gives, each result written by it into the answer, never held as
-    /// values. An answer of about `spoolBytes` or more is written to a temporary file in `spoolDirectory` (when
-    /// given) and sent from there: the nodes of a job of 100,000 fetches with their results are 210 MB. Where the
-    /// file cannot be made or written (a full disk), the answer is made in memory.
-    static func nodeListAnswer(
-        _ list: StoredNodeListText, spoolDirectory: String?, spoolBytes: Int
-    ) throws -> SettledAnswer {
+    /// values; a large answer to a temporary file (`spool`): the nodes of a job of 100,000 fetches with their
+    /// results are 317 MB.
+    static func nodeListAnswer(_ list: StoredNodeListText, spool: AnswerSpool) throws -> SettledAnswer {
         // About what the answer takes: each node's object is a few hundred bytes.
-        let estimate = list.resultBytes + list.nodes.count * 320 + 16
-        if let spoolDirectory, estimate >= spoolBytes, var sink = try? AnswerSink.spooled(in: spoolDirectory) {
-            do {
-                return try nodeList(list, into: &sink)
-            } catch let error as StoreError where error.kind == .io {
-                // The file failed, not the rows: written again, in memory.
+        try spool.answer(estimate: list.resultBytes + list.nodes.count * 320 + 16) { out in
+            out.append(contentsOf: #"{"nodes":["#.utf8)
+            try list.write(to: &out) { k, out in
+                // Each node's object without its closing brace, then its result as its last member; the brace is
+                // written before the next node's object, and after the last.
+                if k > 0 { out.append(contentsOf: "},".utf8) }
+                out.append(contentsOf: node(list.nodes[k], includeResult: false).bytes.dropLast())
+                out.append(contentsOf: #","result":"#.utf8)
             }
+            out.append(contentsOf: (list.nodes.isEmpty ? "]}" : "}]}").utf8)
         }
-        var sink = AnswerSink(capacity: estimate)
-        return try nodeList(list, into: &sink)
-    }
-
-    private static func nodeList(_ list: StoredNodeListText, into out: inout AnswerSink) throws -> SettledAnswer {
-        out.append(contentsOf: #"{"nodes":["#.utf8)
-        try list.write(to: &out) { k, out in
-            // Each node's object without its closing brace, then its result as its last member; the brace is
-            // written before the next node's object, and after the last.
-            if k > 0 { out.append(contentsOf: "},".utf8) }
-            out.append(contentsOf: node(list.nodes[k], includeResult: false).bytes.dropLast())
-            out.append(contentsOf: #","result":"#.utf8)
-        }
-        out.append(contentsOf: (list.nodes.isEmpty ? "]}" : "}]}").utf8)
-        return try out.finish()
     }
 
     /// `{"error": {"code", "message", "path"?, "details"?}}`.

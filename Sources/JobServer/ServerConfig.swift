@@ -41,8 +41,8 @@ struct ServerConfig: Equatable {
     var webhookSecret: String?
     /// Failed webhook deliveries are retried until this long after the job settled.
     var webhookRetryForMs: Int64 = 86_400_000
-    /// A stored job's node list with results about this large or larger is written to a temporary file beside the
-    /// SQLite file and sent from there (`Presentation.nodeListAnswer`; tests lower it). No flag.
+    /// A stored settled job's answer, or its node list with results, about this large or larger is written to a
+    /// temporary file beside the SQLite file and sent from there (`AnswerSpool`; tests lower it). No flag.
     var spoolAnswerBytes = 8 << 20
     /// How often an event stream gets a keep-alive comment (API.md §8 says 15 s; tests shorten it). No flag.
     var eventsKeepAliveMs = 15_000

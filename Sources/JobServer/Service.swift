@@ -24,16 +24,16 @@ final class Service: @unchecked Sendable {
 
     /// The engine over `store`, its answers shown as `Presentation` says; not started.
     static func engine(store: JobStore, fetcher: Fetcher, config: ServerConfig, logger: Logger) -> Engine {
-        // Large answers are written to temporary files beside the SQLite file (no node list is written from rows on
-        // PostgreSQL).
-        let spoolDirectory = config.usesPostgres ? nil : URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path
-        let spoolBytes = config.spoolAnswerBytes
+        // Large answers are written to temporary files beside the SQLite file (on PostgreSQL no answer is written
+        // from the rows).
+        let spool = AnswerSpool(
+            directory: config.usesPostgres ? nil : URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path,
+            thresholdBytes: config.spoolAnswerBytes)
         return Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
-            renderSettled: Presentation.jobBytes, renderSettledWithResultText: Presentation.jobBytes,
+            renderSettled: Presentation.jobBytes,
+            renderSettledWithResultText: { try Presentation.jobAnswer($0, result: $1, spool: spool) },
             renderNodeList: Presentation.nodeListBytes,
-            renderNodeListWithResultText: {
-                try Presentation.nodeListAnswer($0, spoolDirectory: spoolDirectory, spoolBytes: spoolBytes)
-            })
+            renderNodeListWithResultText: { try Presentation.nodeListAnswer($0, spool: spool) })
     }
 
     /// Creates the database folder, opens the store and the fetcher. Nothing runs yet.

@@ -50,9 +50,14 @@ class ResultStorageTests: EngineTestCase {
     /// the engine that ran it had it); on SQLite, a settled job whose row refers to its root's result is shown so.
     func checkResultText(_ engine: Engine, _ job: JobRecord, file: StaticString = #filePath, line: UInt = #line) throws {
         let found = try engine.store.showStoredJob(id: job.id) { _, result -> [UInt8] in
-            var out: [UInt8] = []
+            var out = AnswerSink(capacity: 0)
             try result.write(to: &out)
-            return out
+            // Written to a file, a few bytes at a time, the same bytes.
+            var spooled = try AnswerSink.spooled(in: NSTemporaryDirectory(), flushBytes: 7)
+            try result.write(to: &spooled)
+            let answer = try spooled.finish()
+            XCTAssertTrue(try answer.file?.bytes() == out.buffer, "written to a file, the result differs", file: file, line: line)
+            return out.buffer
         }
         switch found {
         case .shown(let record, let bytes):
@@ -274,7 +279,7 @@ class ResultStorageTests: EngineTestCase {
             "UPDATE nodes SET result = '{\"fallback\":' WHERE job_id = '\(job.id)' AND id = 'root.1'", dbName: "results.sqlite")
         let store = try XCTUnwrap(engines.last?.store)
         XCTAssertThrowsError(try store.showStoredJob(id: job.id) { _, result in
-            var out: [UInt8] = []
+            var out = AnswerSink(capacity: 0)
             try result.write(to: &out)
         }) {
             XCTAssertEqual(($0 as? StoreError)?.kind, .corrupt)

@@ -180,28 +180,38 @@ final class ReadPathTests: XCTestCase {
         XCTAssertEqual(answer.text, String(decoding: Presentation.nodeListBytes(stored.inTreeOrder()), as: UTF8.self))
     }
 
-    /// Past its size bound, a stored job's nodes with their results are written to a temporary file beside the store
-    /// and sent from it: over a real connection, byte for byte the list its results as values make, `HEAD` with its
-    /// length; readers meanwhile share the one file, and no file is left in the store's folder.
-    func testALargeStoredNodeListIsSentFromATemporaryFileByteForByte() throws {
+    /// Past its size bound, a stored job's answer, and its nodes with their results, are written to a temporary file
+    /// beside the store and sent from it: over a real connection, byte for byte what the results as values make,
+    /// `HEAD` with the length, `304` to a reader that has it; readers meanwhile share the one file, and no file is
+    /// left in the store's folder.
+    func testLargeStoredAnswersAreSentFromTemporaryFilesByteForByte() throws {
         try start { $0.spoolAnswerBytes = 1 }
         let id = submitMixedJobAndRetire()
         let stored = try harness.engine.store.nodes(jobID: id, includeResults: true)
-        let expected = Presentation.nodeListBytes(stored.inTreeOrder())
+        let storedJob = try XCTUnwrap(try harness.engine.store.jobWithoutRequest(id: id))
 
         var configuration = harness.app.makeServerConfiguration()
         configuration.port = 0
         let server = HTTPServer(configuration: configuration, router: harness.app.makeRouter())
         let port = try server.start()
         defer { _ = server.shutdown(gracePeriodSeconds: 2) }
-        let target = "/v1/jobs/\(id)/nodes?include=result"
-        let answer = try RawHTTPClient.send(port: port, "GET", target)
-        XCTAssertEqual(answer.status, 200)
-        XCTAssertEqual(answer.header("Content-Type"), "application/json")
-        XCTAssertEqual(answer.text, String(decoding: expected, as: UTF8.self))
-        let head = try RawHTTPClient.send(port: port, "HEAD", target)
-        XCTAssertEqual(head.header("Content-Length"), String(expected.count))
-        XCTAssertEqual(head.body, [])
+        let reads = [
+            ("/v1/jobs/\(id)/nodes?include=result", Presentation.nodeListBytes(stored.inTreeOrder())),
+            ("/v1/jobs/\(id)", Presentation.jobBytes(storedJob)),
+        ]
+        for (target, expected) in reads {
+            let answer = try RawHTTPClient.send(port: port, "GET", target)
+            XCTAssertEqual(answer.status, 200, target)
+            XCTAssertEqual(answer.header("Content-Type"), "application/json", target)
+            XCTAssertEqual(answer.text, String(decoding: expected, as: UTF8.self), target)
+            let head = try RawHTTPClient.send(port: port, "HEAD", target)
+            XCTAssertEqual(head.header("Content-Length"), String(expected.count), target)
+            XCTAssertEqual(head.body, [], target)
+        }
+        let tag = try XCTUnwrap(try RawHTTPClient.send(port: port, "GET", "/v1/jobs/\(id)").header("ETag"))
+        let unchanged = try RawHTTPClient.send(port: port, "GET", "/v1/jobs/\(id)", headers: [("If-None-Match", tag)])
+        XCTAssertEqual(unchanged.status, 304)
+        XCTAssertEqual(unchanged.body, [])
 
         // Held by a reader, the answer is in a file; a second reader meanwhile is given the same one.
         let engine = harness.engine
@@ -212,7 +222,7 @@ final class ReadPathTests: XCTestCase {
         }
         let held = try XCTUnwrap(try shown())
         let file = try XCTUnwrap(held.file, "the answer is not in a file")
-        XCTAssertEqual(try file.bytes(), expected)
+        XCTAssertEqual(try file.bytes(), reads[0].1)
         XCTAssertEqual(held.bytes, [], "the answer is held in memory too")
         XCTAssertTrue(try shown() === held, "a reader meanwhile gets the same file")
         let folder = try FileManager.default.contentsOfDirectory(atPath: dir.path)

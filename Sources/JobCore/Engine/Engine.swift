@@ -88,7 +88,7 @@ public final class Engine: @unchecked Sendable {
     private let renderSettled: (@Sendable (JobRecord) -> [UInt8])?
     /// Makes a settled job's answer with its result written as text from the stored rows (`StoredResultText`);
     /// `nil`: a stored job's answer is made from its result as values (`renderSettled`).
-    private let renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> [UInt8])?
+    private let renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)?
     /// Shows a settled job's nodes with their results (in tree order); `nil`: node lists are not shared.
     private let renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])?
     /// Shows a stored settled job's nodes with their results written as text from the rows (`StoredNodeListText`);
@@ -125,7 +125,8 @@ public final class Engine: @unchecked Sendable {
     ///   - renderSettled: a settled job's answer to a read (the bytes of its JSON), kept in the settled-job cache
     ///     (`configuration.settledCacheBytes`); `nil` keeps nothing.
     ///   - renderSettledWithResultText: the same answer, for a job read from the store, with its result written in
-    ///     by the `StoredResultText` given (the store writes it from the rows' text, never holding it as values);
+    ///     by the `StoredResultText` given (the store writes it from the rows' text, never holding it as values),
+    ///     into memory or a temporary file (`AnswerSink`);
     ///     `nil`: the stored job's result is read as values and `renderSettled` shows it.
     ///   - renderNodeList: a settled job's nodes with their results, as a read of them answers (`nodeList`); `nil`
     ///     shares nothing.
@@ -135,7 +136,7 @@ public final class Engine: @unchecked Sendable {
     public init(
         store: JobStore, fetcher: Fetcher, configuration: EngineConfiguration, logger: Logger,
         renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil,
-        renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> [UInt8])? = nil,
+        renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)? = nil,
         renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil,
         renderNodeListWithResultText: (@Sendable (StoredNodeListText) throws -> SettledAnswer)? = nil
     ) {
@@ -618,7 +619,7 @@ public final class Engine: @unchecked Sendable {
     private func readStoredJob(id: String) throws -> JobRead {
         // Taken before the read: a delete meanwhile must not be undone by keeping what was read before it.
         let removals = settledJobs.removals
-        let found: StoredJobShown<[UInt8]>
+        let found: StoredJobShown<SettledAnswer>
         if renderSettled != nil, let renderSettledWithResultText {
             found = try store.showStoredJob(id: id) { job, result in
                 var job = job
@@ -632,8 +633,8 @@ public final class Engine: @unchecked Sendable {
         switch found {
         case .notFound:
             return .notFound
-        case .shown(let job, let bytes):
-            settled = SettledJob(id: id, version: job.version, body: bytes)
+        case .shown(let job, let answer):
+            settled = SettledJob(id: id, version: job.version, answer: answer)
         case .record(var job):
             job.notify = notifyStatus?(id)
             guard job.state.isSettled, let renderSettled else { return .record(job) }
@@ -641,7 +642,7 @@ public final class Engine: @unchecked Sendable {
         }
         settledJobs.insert(settled, ifNoRemovalSince: removals)
         // What the read held (the rows, or the results as values) is let go of on return.
-        memoryReturn.answerMade(bytes: settled.body.count)
+        memoryReturn.answerMade(bytes: settled.answer.count)
         return .settled(settled)
     }
 
@@ -1669,7 +1670,7 @@ final class SettledJobCache: @unchecked Sendable {
 
     init(capacityBytes: Int) { self.capacityBytes = max(0, capacityBytes) }
 
-    static func size(of job: SettledJob) -> Int { job.body.count + job.id.utf8.count + overheadBytes }
+    static func size(of job: SettledJob) -> Int { job.answer.count + job.id.utf8.count + overheadBytes }
 
     subscript(id: String) -> SettledJob? {
         lock.withLock {

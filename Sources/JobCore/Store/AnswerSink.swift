@@ -47,13 +47,6 @@ public struct AnswerSink {
         flushBytes = .max
     }
 
-    /// Writes to memory, after `bytes` (taken over).
-    init(after bytes: [UInt8]) {
-        buffer = bytes
-        file = nil
-        flushBytes = .max
-    }
-
     private init(file: FileDescriptor, flushBytes: Int) {
         buffer = []
         buffer.reserveCapacity(flushBytes + (flushBytes >> 2))
@@ -157,6 +150,35 @@ public struct AnswerSink {
     }
 
     private static func lastError() -> String { String(cString: strerror(errno)) }
+}
+
+/// Where large answers are written: a folder for their temporary files, and the size from which they go there.
+public struct AnswerSpool: Sendable {
+    /// `nil`: every answer is made in memory.
+    public var directory: String?
+    public var thresholdBytes: Int
+
+    public init(directory: String?, thresholdBytes: Int) {
+        self.directory = directory
+        self.thresholdBytes = thresholdBytes
+    }
+
+    /// The answer `write` writes, of about `estimate` bytes: to a temporary file when it is `thresholdBytes` or more
+    /// and the file can be made, else in memory (as well when writing the file fails, e.g. on a full disk: the
+    /// answer is then written again).
+    public func answer(estimate: Int, _ write: (inout AnswerSink) throws -> Void) throws -> SettledAnswer {
+        if let directory, estimate >= thresholdBytes, var sink = try? AnswerSink.spooled(in: directory) {
+            do {
+                try write(&sink)
+                return try sink.finish()
+            } catch let error as StoreError where error.kind == .io {
+                // The file failed, not what is written to it.
+            }
+        }
+        var sink = AnswerSink(capacity: estimate)
+        try write(&sink)
+        return try sink.finish()
+    }
 }
 
 /// An open file descriptor, closed with the last reference unless taken.

@@ -17,13 +17,7 @@ public struct StoredResultText {
     let write: (inout AnswerSink) throws -> Void
 
     /// Appends the result's text to `out`.
-    public func write(to out: inout [UInt8]) throws {
-        // The array is taken over and given back, never copied.
-        var sink = AnswerSink(after: out)
-        out = []
-        try write(&sink)
-        out = sink.buffer
-    }
+    public func write(to out: inout AnswerSink) throws { try write(&out) }
 }
 
 /// A stored job's nodes with their results, the results written as JSON text from the rows (`ResultText`), never
