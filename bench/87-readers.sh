@@ -120,8 +120,9 @@ bytes; then clients read it as the rows say, each case on a fresh server and SQL
 \`/proc/<pid>/status\` $HOLD s into the reads (\`VmRSS\`), and the peak since the server started (\`VmHWM\`, the job's
 own run included). A settled job too large for the settled-job cache (an eighth of \`--settled-cache-bytes\`) has
 its answer made once for the reads under way and shared while any connection still sends it, and so have its nodes
-with their results (\`/nodes?include=result\`, about twice the answer: the list's result holds its children's); a
-connection reads no further request while a mebibyte of its answers is unsent. $RUNS runs each: median (min–max); the target is
+with their results (\`/nodes?include=result\`, about twice the answer: the list's result holds its children's); made
+from the store, either is written to a temporary file beside the SQLite file and sent from there; a long-poll's is
+made in memory. A connection reads no further request while a mebibyte of its answers is unsent. $RUNS runs each: median (min–max); the target is
 checked on the median peak.
 
 | case | RSS | peak | target ≤ $TARGET_MIB MiB |
