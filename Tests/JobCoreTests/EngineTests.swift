@@ -236,6 +236,51 @@ class EngineTests: EngineTestCase {
         return id
     }
 
+    func testAnswersOfLargeStoredJobsAreMadeOneAtATimeWithoutHoldingAThread() throws {
+        let engine = try makeEngine(
+            configure: {
+                $0.largeReadNodes = 3
+                $0.settledCacheBytes = 0
+            },
+            renderSettled: { job in Array(#"{"id":"\#(job.id)"}"#.utf8) },
+            renderNodeList: { nodes in Array("[\(nodes.count)]".utf8) })
+        let fetch = #"{"type":"fetch","url":\#(u("/json"))}"#
+        let large = try submitAndRetire(engine, #"{"graph":{"type":"list","children":[\#(fetch),\#(fetch)]}}"#)
+        let other = try submitAndRetire(engine, #"{"graph":{"type":"sequence","children":[\#(fetch),\#(fetch)]}}"#)
+        let small = try submitAndRetire(engine, #"{"graph":\#(fetch)}"#)
+
+        // Another large answer in the making holds the one place.
+        let held = Locked<Admission.Release?>(nil)
+        engine.largeReads.enter { release in held.withLock { $0 = release } }
+        let answered = Watched<[String]>([])
+        engine.readJob(id: large) { read in
+            if case .success(.settled(let job)) = read, job.body == Array(#"{"id":"\#(large)"}"#.utf8) {
+                answered.withLock { $0.append("job") }
+            }
+        }
+        engine.nodeList(jobID: other, includeResults: true) { read in
+            if case .success(.shown(let shown)) = read, shown.bytes == Array("[3]".utf8) {
+                answered.withLock { $0.append("nodes") }
+            }
+        }
+        // Both reads have reached their turn's queue (the engine's queue hands them to read queues).
+        engine.queue.sync {}
+        for queue in engine.readQueues { queue.sync {} }
+        XCTAssertEqual(engine.largeReads.counts.waiting, 2, "both wait for the place")
+        XCTAssertEqual(answered.withLock { $0 }, [])
+        // A small job's answer does not wait.
+        guard case .settled(let job) = try engine.answer("job \(small)", { done in engine.readJob(id: small) { done($0) } }).get()
+        else { return XCTFail("the small job not read") }
+        XCTAssertEqual(job.body, Array(#"{"id":"\#(small)"}"#.utf8))
+        XCTAssertEqual(answered.withLock { $0 }, [])
+
+        held.withLock { $0 }?()
+        XCTAssertTrue(answered.wait(milliseconds: 10_000) { Set($0) == ["job", "nodes"] && $0.count == 2 })
+        // Each read gives its place back once its completion has run, on its read queue.
+        for queue in engine.readQueues { queue.sync {} }
+        XCTAssertTrue(engine.largeReads.counts == (0, 0), "\(engine.largeReads.counts)")
+    }
+
     func testLongPollsAJobSatisfiesShareItsAnswerMadeOnceAndKept() throws {
         let renders = Watched(0)
         let engine = try makeEngine(renderSettled: { job in

@@ -95,6 +95,7 @@ private final class RecordingStore: JobStore {
     func jobWithoutRequest(id: String) throws -> JobRecord? { try base.jobWithoutRequest(id: id) }
     func jobState(id: String) throws -> NodeState? { try base.jobState(id: id) }
     func jobVersion(id: String) throws -> Int64? { try base.jobVersion(id: id) }
+    func nodeCount(id: String) throws -> Int? { try base.nodeCount(id: id) }
     func listJobs(state: NodeState?, limit: Int, cursor: String?) throws -> JobPage {
         try base.listJobs(state: state, limit: limit, cursor: cursor)
     }

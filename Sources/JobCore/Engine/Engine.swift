@@ -84,6 +84,11 @@ public final class Engine: @unchecked Sendable {
     let storedReads = JoinedReads<JobRead>()
     /// Reads of stored jobs' node lists with results under way, joined like `storedReads`.
     let storedNodeLists = JoinedReads<NodeListRead>()
+    /// Answers made from the store for jobs of `configuration.largeReadNodes` nodes or more, one at a time: each
+    /// holds its job's rows while it is written (63 MiB for a job of 100,000 fetches, 153 MiB for its node list),
+    /// so readers of different large jobs at once would hold all of theirs. The others wait their turn without a
+    /// thread (`whenLargeReadsAllow`).
+    let largeReads = Admission(limit: 1)
     /// Makes a settled job's answer; `nil`: settled jobs are not cached.
     private let renderSettled: (@Sendable (JobRecord) -> [UInt8])?
     /// Makes a settled job's answer with its result written as text from the stored rows (`StoredResultText`);
@@ -586,7 +591,25 @@ public final class Engine: @unchecked Sendable {
     /// thread of the one they joined.
     private func readStored(_ id: String, _ completion: @escaping @Sendable (Result<JobRead, Error>) -> Void) {
         if let settled = settledJobs[id] { return completion(.success(.settled(settled))) }
-        storedReads.read(id, completion) { try readStoredJob(id: id) }
+        whenLargeReadsAllow(id) {
+            // A reader that waited may find the answer the one before it made, still held by its readers.
+            if let settled = self.settledJobs[id] { return completion(.success(.settled(settled))) }
+            self.storedReads.read(id, completion) { try self.readStoredJob(id: id) }
+        }
+    }
+
+    /// Runs `read` now, or, for a job of `configuration.largeReadNodes` nodes or more, once the large reads before
+    /// it are done (`largeReads`), on a read queue. On a read queue.
+    private func whenLargeReadsAllow(_ jobID: String, _ read: @escaping @Sendable () -> Void) {
+        guard let nodes = (try? store.nodeCount(id: jobID)) ?? nil, nodes >= configuration.largeReadNodes else {
+            return read()
+        }
+        largeReads.enter { release in
+            self.onReadQueue {
+                read()
+                release()
+            }
+        }
     }
 
     /// Answers from the run in memory (looked at on `queue`), else from `stored` (on a read queue).
@@ -690,30 +713,9 @@ public final class Engine: @unchecked Sendable {
             jobID, live: { run in NodeListRead.nodes(run.nodeSnapshots(includeResults: true)) },
             storedThen: { answer in
                 if let shown = self.settledJobs.nodeList(of: jobID) { return answer(.success(.shown(shown))) }
-                self.storedNodeLists.read(jobID, answer) {
-                    // Taken before the read, as for a job's answer.
-                    let removals = self.settledJobs.removals
-                    let found: StoredNodeListShown<SettledAnswer>
-                    if let renderNodeListWithResultText = self.renderNodeListWithResultText {
-                        found = try self.store.showStoredNodeList(jobID: jobID, renderNodeListWithResultText)
-                    } else {
-                        found = try self.store.stateAndNodes(jobID: jobID, includeResults: true)
-                            .map { .nodes($0.state, $0.nodes) } ?? .notFound
-                    }
-                    let shown: SettledAnswer
-                    switch found {
-                    case .notFound:
-                        return .notFound
-                    case .nodes(let state, let nodes):
-                        // Put in tree order below, as a live run's are.
-                        guard state.isSettled else { return .nodes(nodes) }
-                        shown = SettledAnswer(renderNodeList(nodes.inTreeOrder()))
-                    case .shown(let answer):
-                        shown = answer
-                    }
-                    self.settledJobs.noteNodeList(shown, of: jobID, ifNoRemovalSince: removals)
-                    self.memoryReturn.answerMade(bytes: shown.count)
-                    return .shown(shown)
+                self.whenLargeReadsAllow(jobID) {
+                    if let shown = self.settledJobs.nodeList(of: jobID) { return answer(.success(.shown(shown))) }
+                    self.storedNodeLists.read(jobID, answer) { try self.readStoredNodeList(jobID: jobID, renderNodeList) }
                 }
             }) { read in
                 completion(read.map { found in
@@ -721,6 +723,36 @@ public final class Engine: @unchecked Sendable {
                     return found
                 })
             }
+    }
+
+    /// A stored job's nodes with their results: a settled job's shown once (`renderNodeListWithResultText`, or
+    /// `renderNodeList` of its results read as values) and noted for the reads meanwhile. On a read queue.
+    private func readStoredNodeList(
+        jobID: String, _ renderNodeList: @Sendable ([NodeRecord]) -> [UInt8]
+    ) throws -> NodeListRead {
+        // Taken before the read, as for a job's answer.
+        let removals = settledJobs.removals
+        let found: StoredNodeListShown<SettledAnswer>
+        if let renderNodeListWithResultText = renderNodeListWithResultText {
+            found = try store.showStoredNodeList(jobID: jobID, renderNodeListWithResultText)
+        } else {
+            found = try store.stateAndNodes(jobID: jobID, includeResults: true)
+                .map { .nodes($0.state, $0.nodes) } ?? .notFound
+        }
+        let shown: SettledAnswer
+        switch found {
+        case .notFound:
+            return .notFound
+        case .nodes(let state, let nodes):
+            // Put in tree order below, as a live run's are.
+            guard state.isSettled else { return .nodes(nodes) }
+            shown = SettledAnswer(renderNodeList(nodes.inTreeOrder()))
+        case .shown(let answer):
+            shown = answer
+        }
+        settledJobs.noteNodeList(shown, of: jobID, ifNoRemovalSince: removals)
+        memoryReturn.answerMade(bytes: shown.count)
+        return .shown(shown)
     }
 
     /// One node with its result, or which of job and node is missing.

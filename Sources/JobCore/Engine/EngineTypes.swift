@@ -14,6 +14,8 @@ public struct EngineConfiguration: Sendable {
     public var sweepIntervalMs = 60_000
     /// Settled jobs' answers kept in memory, in bytes (bodies, ids and a fixed overhead per entry); 0 keeps none.
     public var settledCacheBytes = 64 << 20
+    /// Answers made from the store for jobs of this many nodes or more are made one at a time (`Engine.largeReads`).
+    public var largeReadNodes = 10_000
     /// Each job's response byte budget (`ByteBudget`); 0: none. The server sets it from `--max-job-bytes`.
     public var maxJobBytes = 0
     /// The response body bytes all jobs in memory may hold together (`ByteBudget` of scope `.server`), drawn on by

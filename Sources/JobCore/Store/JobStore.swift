@@ -286,6 +286,10 @@ public protocol JobStore: AnyObject, Sendable {
     /// it is, without reading (or assembling) the rest.
     func jobVersion(id: String) throws -> Int64?
 
+    /// How many nodes the job has (its `progress.total`), or `nil` when there is no such job: how large an answer
+    /// made from its rows is about to be, without reading them.
+    func nodeCount(id: String) throws -> Int?
+
     /// Newest first (by id, which sorts by creation time). `cursor` is opaque (from nextCursor); an invalid cursor throws StoreError with kind badCursor.
     ///
     /// To keep listings light, the jobs come without `result` (`nil`) and without

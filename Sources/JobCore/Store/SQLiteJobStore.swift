@@ -285,6 +285,16 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    public func nodeCount(id: String) throws -> Int? {
+        try readers.with { db in
+            let statement = try db.prepare("SELECT p_total FROM jobs WHERE id = ?1")
+            defer { statement.reset() }
+            statement.bind(1, id)
+            guard try statement.step() else { return nil }
+            return statement.int(0)
+        }
+    }
+
     /// Reads the `state` column from the primary key's row.
     public func jobState(id: String) throws -> NodeState? {
         try readers.with { db in

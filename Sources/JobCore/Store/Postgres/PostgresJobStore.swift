@@ -255,6 +255,14 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
         }
     }
 
+    public func nodeCount(id: String) throws -> Int? {
+        try readers.with { db in
+            let rows = try db.run(prepared: "job_node_count", "SELECT p_total FROM jobs WHERE id = $1", [.text(id)])
+            guard let row = PGRows.rows(rows).first else { return nil }
+            return row.int(0)
+        }
+    }
+
     public func jobState(id: String) throws -> NodeState? {
         try readers.with { db in
             let rows = try db.run(prepared: "job_state", "SELECT state FROM jobs WHERE id = $1", [.text(id)])
