@@ -274,11 +274,15 @@ class EngineTests: EngineTestCase {
         XCTAssertEqual(job.body, Array(#"{"id":"\#(small)"}"#.utf8))
         XCTAssertEqual(answered.withLock { $0 }, [])
 
+        let trims = engine.memoryReturn.trims
         held.withLock { $0 }?()
         XCTAssertTrue(answered.wait(milliseconds: 10_000) { Set($0) == ["job", "nodes"] && $0.count == 2 })
         // Each read gives its place back once its completion has run, on its read queue.
         for queue in engine.readQueues { queue.sync {} }
         XCTAssertTrue(engine.largeReads.counts == (0, 0), "\(engine.largeReads.counts)")
+        // Between the two, with one still waiting, what the first freed was given back (the held place let go of
+        // first had no read of its own).
+        XCTAssertEqual(engine.memoryReturn.trims, trims + 1)
     }
 
     func testLongPollsAJobSatisfiesShareItsAnswerMadeOnceAndKept() throws {

@@ -607,6 +607,10 @@ public final class Engine: @unchecked Sendable {
         largeReads.enter { release in
             self.onReadQueue {
                 read()
+                // The next large read, on another read thread, would grow that thread's arena beside this one's,
+                // which keeps what this read freed: four readers of four 100,000-fetch jobs' node lists peaked at
+                // 271 MiB so, against 189 for one.
+                if self.largeReads.counts.waiting > 0 { self.memoryReturn.trimNow() }
                 release()
             }
         }

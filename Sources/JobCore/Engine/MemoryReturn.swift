@@ -98,6 +98,13 @@ final class MemoryReturn: Sendable {
         if bytes >= minAnswerBytes { bulkFreed() }
     }
 
+    /// Gives every free page back now, on the caller's thread: when the memory just freed would otherwise stay with
+    /// its thread's arena while the next work, on another thread, grows its own.
+    func trimNow() {
+        _ = Self.mallocTrim?(0)
+        state.withLock { $0.trims += 1 }
+    }
+
     /// Memory was freed in bulk: a trim once the server has been quiet long enough.
     func bulkFreed() {
         let next = state.withLock { state -> TrimPolicy.Next in
