@@ -100,7 +100,9 @@ for _ in $(seq 2 "$READERS"); do
   location=$(curl -sS -o /dev/null -w '%header{location}' -H 'Content-Type: application/json' \
     --data-binary @"$tmp/job.json" "$base/v1/jobs")
   ids+=("${location##*/}")
-  state=$(curl -sS "$base/v1/jobs/${ids[-1]}?wait=60" | head -c 4096 | grep -o '"state":"[a-z]*"' | head -1)
+  curl -sS -o "$tmp/answer.json" "$base/v1/jobs/${ids[-1]}?wait=60"
+  state=$(head -c 4096 "$tmp/answer.json" | grep -o '"state":"[a-z]*"' | head -1)
+  rm -f "$tmp/answer.json"
   [ "$state" = '"state":"succeeded"' ] || { echo "job ${#ids[@]} ended $state" >&2; exit 1; }
   quiet
 done
@@ -153,6 +155,6 @@ last is read, and the server's peak. $RUNS runs: median (min–max), MiB.
 | the job runs, is read once and leaves memory | | $(spread "${run_peak[@]}") | $(spread "${run_after[@]}") | $(verdict "${run_peak[@]}") / $(verdict "${run_after[@]}") |
 | a new server reads it from the store (\`GET /v1/jobs/{id}\`) | $(spread "${job_ms[@]}") | $(spread "${job_peak[@]}") | $(spread "${job_after[@]}") | $(verdict "${job_peak[@]}") / $(verdict "${job_after[@]}") |
 | then its nodes with results | $(spread "${nodes_ms[@]}") | $(spread "${nodes_peak[@]}") | $(spread "${nodes_after[@]}") | $(verdict "${nodes_peak[@]}") / $(verdict "${nodes_after[@]}") |
-| $READERS clients at once read $READERS such jobs from the store, one each | $(spread "${many_job_ms[@]}") | $(spread "${many_job_peak[@]}") | | $(verdict "${many_job_peak[@]}") / |
-| … their nodes with results | $(spread "${many_nodes_ms[@]}") | $(spread "${many_nodes_peak[@]}") | | $(verdict "${many_nodes_peak[@]}") / |
+| $READERS clients at once read $READERS such jobs from the store, one each | $(spread "${many_job_ms[@]}") | $(spread "${many_job_peak[@]}") | | $(verdict "${many_job_peak[@]}") / — |
+| … their nodes with results | $(spread "${many_nodes_ms[@]}") | $(spread "${many_nodes_peak[@]}") | | $(verdict "${many_nodes_peak[@]}") / — |
 MD
