@@ -97,7 +97,7 @@ enum Presentation {
     /// written into the answer, never held as values; a large answer to a temporary file (`spool`).
     static func jobAnswer(_ record: JobRecord, result: StoredResultText, spool: AnswerSpool) throws -> SettledAnswer {
         guard case .object(let members) = job(record), let k = members.firstIndex(where: { $0.key == "result" }), k > 0
-        else { return try spool.answer(estimate: 0) { $0.append(contentsOf: jobBytes(record)) } }
+        else { return SettledAnswer(jobBytes(record)) }
         // `{…}` of the members before the result, and of those after it: each written as an object and cut.
         let head = JSONValue.object(Array(members[..<k])).bytes
         let tail = JSONValue.object(Array(members[(k + 1)...])).bytes

@@ -1613,7 +1613,7 @@ public final class SettledAnswer: Sendable {
     public let bytes: [UInt8]
     public let file: SpooledAnswer?
 
-    init(_ bytes: [UInt8]) {
+    public init(_ bytes: [UInt8]) {
         self.bytes = bytes
         self.file = nil
     }

@@ -15,7 +15,7 @@ public final class SpooledAnswer: Sendable {
 
     deinit { Glibc.close(fd) }
 
-    /// The answer's bytes, read back (tests, and small uses).
+    /// The answer's bytes, read back (tests).
     public func bytes() throws -> [UInt8] {
         var out = [UInt8](repeating: 0, count: count)
         try out.withUnsafeMutableBytes { try AnswerSink.read(fd, into: $0, at: 0) }

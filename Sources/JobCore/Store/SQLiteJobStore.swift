@@ -276,36 +276,32 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     /// Reads the `version` column from the primary key's row.
     public func jobVersion(id: String) throws -> Int64? {
-        try readers.with { db in
-            let statement = try db.prepare("SELECT version FROM jobs WHERE id = ?1")
-            defer { statement.reset() }
-            statement.bind(1, id)
-            guard try statement.step() else { return nil }
-            return statement.int64(0)
-        }
+        try jobColumn("version", id: id) { $0.int64(0) }
     }
 
+    /// Reads the `p_total` column from the primary key's row.
     public func nodeCount(id: String) throws -> Int? {
-        try readers.with { db in
-            let statement = try db.prepare("SELECT p_total FROM jobs WHERE id = ?1")
-            defer { statement.reset() }
-            statement.bind(1, id)
-            guard try statement.step() else { return nil }
-            return statement.int(0)
-        }
+        try jobColumn("p_total", id: id) { $0.int(0) }
     }
 
     /// Reads the `state` column from the primary key's row.
     public func jobState(id: String) throws -> NodeState? {
-        try readers.with { db in
-            let statement = try db.prepare("SELECT state FROM jobs WHERE id = ?1")
-            defer { statement.reset() }
-            statement.bind(1, id)
-            guard try statement.step() else { return nil }
+        try jobColumn("state", id: id) { statement in
             guard let text = statement.string(0), let state = NodeState(rawValue: text) else {
                 throw StoreError(.corrupt, "unknown job state \(statement.string(0) ?? "NULL")")
             }
             return state
+        }
+    }
+
+    /// One column of the job's row, as `read` takes it from the statement; `nil` when there is no such job.
+    private func jobColumn<T>(_ column: String, id: String, _ read: (SQLiteStatement) throws -> T) throws -> T? {
+        try readers.with { db in
+            let statement = try db.prepare("SELECT \(column) FROM jobs WHERE id = ?1")
+            defer { statement.reset() }
+            statement.bind(1, id)
+            guard try statement.step() else { return nil }
+            return try read(statement)
         }
     }
 
