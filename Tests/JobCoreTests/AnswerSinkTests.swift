@@ -69,6 +69,54 @@ final class AnswerSinkTests: XCTestCase {
         XCTAssertNotEqual(after, link, "closed with the last reference to the answer")
     }
 
+    /// The answer a spool makes: its bytes, wherever they are kept.
+    private func bytes(of answer: SettledAnswer) throws -> [UInt8] { try answer.file?.bytes() ?? answer.bytes }
+
+    func testASpoolWritesALargeAnswerToAFileAndASmallOneToMemory() throws {
+        let spool = AnswerSpool(directory: NSTemporaryDirectory(), thresholdBytes: 100)
+        let text = Array(String(repeating: "0123456789", count: 20).utf8)
+        let large = try spool.answer(estimate: 100) { $0.append(contentsOf: text) }
+        XCTAssertNotNil(large.file)
+        XCTAssertEqual(try bytes(of: large), text)
+        let small = try spool.answer(estimate: 99) { $0.append(contentsOf: text) }
+        XCTAssertNil(small.file)
+        XCTAssertEqual(small.bytes, text)
+    }
+
+    func testWhereNoFileCanBeMadeTheAnswerIsMadeInMemory() throws {
+        let spool = AnswerSpool(directory: "/nonexistent-\(UUID().uuidString)", thresholdBytes: 0)
+        let answer = try spool.answer(estimate: 10) { $0.append(contentsOf: "0123456789".utf8) }
+        XCTAssertNil(answer.file)
+        XCTAssertEqual(answer.bytes, Array("0123456789".utf8))
+    }
+
+    /// A full disk, as a write past the process's file size limit fails (`EFBIG`): the answer is written again, in
+    /// memory, whole.
+    func testAFileWriteThatFailsMidwayLeavesTheWholeAnswerInMemory() throws {
+        let text = (0..<(3 << 20)).map { UInt8(ascii: "a") + UInt8($0 % 26) }
+        var limit = rlimit()
+        XCTAssertEqual(getrlimit(Int32(RLIMIT_FSIZE.rawValue), &limit), 0)
+        let previous = signal(SIGXFSZ, SIG_IGN)
+        var lowered = limit
+        lowered.rlim_cur = 1 << 20
+        XCTAssertEqual(setrlimit(Int32(RLIMIT_FSIZE.rawValue), &lowered), 0)
+        let answer: SettledAnswer
+        do {
+            defer {
+                _ = setrlimit(Int32(RLIMIT_FSIZE.rawValue), &limit)
+                _ = signal(SIGXFSZ, previous)
+            }
+            answer = try AnswerSpool(directory: NSTemporaryDirectory(), thresholdBytes: 0).answer(estimate: text.count) { out in
+                for piece in stride(from: 0, to: text.count, by: 1 << 16) {
+                    out.append(contentsOf: text[piece..<min(text.count, piece + (1 << 16))])
+                    try out.flushIfFull()
+                }
+            }
+        }
+        XCTAssertNil(answer.file, "the file past the limit was kept")
+        XCTAssertTrue(answer.bytes == text)
+    }
+
     func testAFileThatCannotBeMadeIsAnIOError() {
         XCTAssertThrowsError(try AnswerSink.spooled(in: "/nonexistent-\(UUID().uuidString)")) { error in
             XCTAssertEqual((error as? StoreError)?.kind, .io)
