@@ -62,6 +62,7 @@ struct MetricsSnapshot {
     var scheduledJobs = 0
     var waitingForKey = 0
     var responseMemoryBytes = 0
+    var activeNodes = 0
     /// Finished fetch attempts by outcome (`succeeded` or an error kind).
     var fetchOutcomes: [String: Int] = [:]
     /// Upper bounds of the latency buckets; a missing or infinite last bound is `+Inf`.
@@ -86,6 +87,7 @@ struct MetricsSnapshot {
         scheduledJobs = engine.scheduledJobs
         waitingForKey = engine.waitingForKey
         responseMemoryBytes = engine.responseMemoryBytes
+        activeNodes = engine.activeNodes
         transfer = engine.transfer
         fetchOutcomes = fetcher.outcomes
         latencyBucketsMs = FetcherStats.latencyBoundsMs.map(Double.init)
@@ -122,12 +124,14 @@ enum PrometheusText {
         sample(&out, "jobserver_jobs_load_failures_total", [], Double(m.jobLoadFailures))
         family(&out, "jobserver_long_polls_waiting", "gauge", "Long-polls waiting for a job to change.")
         sample(&out, "jobserver_long_polls_waiting", [], Double(m.longPollsWaiting))
-        family(&out, "jobserver_jobs_scheduled", "gauge", "Jobs waiting in the store for their not_before.")
+        family(&out, "jobserver_jobs_scheduled", "gauge", "Jobs waiting in the store for their not_before or for room (--max-active-nodes).")
         sample(&out, "jobserver_jobs_scheduled", [], Double(m.scheduledJobs))
         family(&out, "jobserver_jobs_waiting_for_key", "gauge", "Jobs waiting for a slot of their concurrency key.")
         sample(&out, "jobserver_jobs_waiting_for_key", [], Double(m.waitingForKey))
         family(&out, "jobserver_response_memory_bytes", "gauge", "Response body bytes the jobs in memory hold (bounded by --max-response-memory).")
         sample(&out, "jobserver_response_memory_bytes", [], Double(m.responseMemoryBytes))
+        family(&out, "jobserver_active_nodes", "gauge", "Nodes of the jobs in memory (bounded by --max-active-nodes).")
+        sample(&out, "jobserver_active_nodes", [], Double(m.activeNodes))
 
         family(&out, "jobserver_fetches_total", "counter", "Finished fetch attempts by outcome.")
         for outcome in m.fetchOutcomes.keys.sorted() {

@@ -872,10 +872,12 @@ paths:
         route and status, queue depths, long-polls waiting
         (`jobserver_long_polls_waiting`), stored jobs that could not be loaded at
         start (`jobserver_jobs_load_failures_total`), jobs waiting in the store
-        for their `not_before` (`jobserver_jobs_scheduled`) and for a slot of
-        their concurrency key (`jobserver_jobs_waiting_for_key`), the response
-        bytes the jobs in memory hold (`jobserver_response_memory_bytes`,
-        bounded by `--max-response-memory`), and the job store's health:
+        for their `not_before` or for room (`jobserver_jobs_scheduled`) and for
+        a slot of their concurrency key (`jobserver_jobs_waiting_for_key`), the
+        response bytes the jobs in memory hold (`jobserver_response_memory_bytes`,
+        bounded by `--max-response-memory`), the nodes they hold
+        (`jobserver_active_nodes`, bounded by `--max-active-nodes`), and the job
+        store's health:
         `jobserver_store_degraded` (1 while writes fail and are retried),
         `jobserver_store_write_failures_total`, `jobserver_store_pending_changes`
         (records waiting for the store) and `jobserver_store_dropped_changes_total`

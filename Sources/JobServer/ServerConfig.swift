@@ -35,6 +35,8 @@ struct ServerConfig: Equatable {
     /// The longest a whole request (head and body) may take to arrive before `408`.
     var requestTimeoutMs: Int64 = 30_000
     var maxActiveJobs = 10_000
+    /// The nodes the jobs in memory may hold together; a job over it waits in the store (`NodeRoom`). 0: no bound.
+    var maxActiveNodes = 20_000
     var settledCacheBytes = 64 << 20
     var logLevel = Logger.Level.info
     /// Signs webhook bodies with HMAC-SHA256 under this key.
@@ -191,6 +193,10 @@ enum CommandLineParser {
         },
         Option(flag: "--max-active-jobs", help: "pending and running jobs before 429 (default 10000)") { c, v, _ in
             c.maxActiveJobs = try integer(v, flag: "--max-active-jobs", in: 1...100_000_000)
+        },
+        Option(flag: "--max-active-nodes", help: "nodes of the jobs in memory; more jobs wait (default 20000; 0 = no bound)") {
+            c, v, _ in
+            c.maxActiveNodes = try integer(v, flag: "--max-active-nodes", in: 0...100_000_000)
         },
         Option(flag: "--settled-cache-bytes", help: "settled jobs' answers kept in memory (default 64MiB; 0 = none)") {
             c, v, _ in
@@ -357,6 +363,7 @@ extension ServerConfig {
         var c = EngineConfiguration()
         c.limits = graphLimits
         c.maxActiveJobs = maxActiveJobs
+        c.maxActiveNodes = maxActiveNodes
         c.maxConcurrentFetches = maxConcurrentFetches
         c.maxPerHost = maxPerHost
         c.retentionMs = retentionMs

@@ -118,9 +118,12 @@ private final class RecordingStore: JobStore {
     }
     func close() { base.close() }
     func dueJobs(
-        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, unreadable: inout [UnreadableJob]
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: Set<String>,
+        unreadable: inout [UnreadableJob]
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
-        try base.dueJobs(atOrBeforeMs: atOrBeforeMs, after: after, limit: limit, unreadable: &unreadable)
+        try base.dueJobs(
+            atOrBeforeMs: atOrBeforeMs, after: after, limit: limit, maxNodes: maxNodes, skipping: skipping,
+            unreadable: &unreadable)
     }
     func nextDueAt(after afterMs: Int64) throws -> Int64? { try base.nextDueAt(after: afterMs) }
     func scheduledJobCount() throws -> Int { try base.scheduledJobCount() }

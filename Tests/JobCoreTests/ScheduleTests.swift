@@ -188,6 +188,78 @@ class ScheduleTests: EngineTestCase {
         XCTAssertGreaterThanOrEqual(try XCTUnwrap(doneB.startedAt), try XCTUnwrap(doneA.finishedAt))
     }
 
+    // MARK: - Room (`maxActiveNodes`)
+
+    /// A list of `n` fetches of `path`: `n + 1` nodes.
+    func list(_ n: Int, _ path: String) -> String {
+        let children = Array(repeating: #"{"type": "fetch", "url": \#(u(path))}"#, count: n).joined(separator: ",")
+        return #"{"graph": {"type": "list", "children": [\#(children)]}}"#
+    }
+
+    func testJobsOverTheNodeBoundWaitInTheStoreAndStartInTheOrderTheyCame() throws {
+        let engine = try makeEngine { $0.maxActiveNodes = 4 }
+        let holder = try submit(engine, list(2, "/hang"))
+        // 3 + 3 > 4: waits in the store.
+        let next = try submit(engine, list(2, "/json"))
+        // 3 + 1 fits, but comes after a job that waits: waits too.
+        let small = try submit(engine, #"{"graph": {"type": "fetch", "url": \#(u("/json"))}}"#)
+        // 6 nodes, more than the whole bound: runs once no other job holds any.
+        let large = try submit(engine, list(5, "/json"))
+        XCTAssertEqual(holder.state, .running)
+        for job in [next, small, large] {
+            XCTAssertEqual(job.state, .pending)
+            XCTAssertNotNil(try engine.store.job(id: job.id)?.dueAt, "job \(job.id) does not wait in the store")
+        }
+        var m = try engine.metricsNow
+        XCTAssertEqual(m.activeNodes, 3)
+        XCTAssertEqual(m.activeJobs, 1)
+        XCTAssertEqual(m.scheduledJobs, 3)
+        XCTAssertEqual(m.jobsByState[.pending], 3)
+
+        _ = try cancel(engine, holder.id)
+        let done = try [next, small, large].map { try settled(engine, $0.id) }
+        for job in done { XCTAssertEqual(job.state, .succeeded) }
+        XCTAssertNil(try engine.store.job(id: next.id)?.dueAt)
+        let holderEnd = try XCTUnwrap(try settled(engine, holder.id).finishedAt)
+        XCTAssertGreaterThanOrEqual(try XCTUnwrap(done[0].startedAt), holderEnd)
+        XCTAssertGreaterThanOrEqual(try XCTUnwrap(done[1].startedAt), try XCTUnwrap(done[0].startedAt))
+        // The large job began alone: after the two before it had ended.
+        XCTAssertGreaterThanOrEqual(try XCTUnwrap(done[2].startedAt), try XCTUnwrap(done[0].finishedAt))
+        XCTAssertGreaterThanOrEqual(try XCTUnwrap(done[2].startedAt), try XCTUnwrap(done[1].finishedAt))
+        m = try engine.metricsNow
+        XCTAssertEqual(m.scheduledJobs, 0)
+    }
+
+    func testManyJobsWaitingForRoomAreTakenInAsRoomComesBackAcrossReads() throws {
+        // Reads of two jobs, each stopped by the room's nodes: every waiting job is taken in, none twice.
+        let engine = try makeEngine {
+            $0.maxActiveNodes = 3
+            $0.dueBatchSize = 2
+        }
+        let holder = try submit(engine, list(2, "/hang"))
+        var waiting: [JobRecord] = []
+        for _ in 0..<12 { waiting.append(try submit(engine, list(1, "/json"))) }
+        XCTAssertTrue(waiting.allSatisfy { $0.state == .pending })
+        _ = try cancel(engine, holder.id)
+        for job in waiting { XCTAssertEqual(try settled(engine, job.id).state, .succeeded) }
+        XCTAssertEqual(try engine.metricsNow.scheduledJobs, 0)
+    }
+
+    func testAJobWaitingForRoomSurvivesARestart() throws {
+        let first = try makeEngine { $0.maxActiveNodes = 2 }
+        let holder = try submit(first, list(1, "/hang"))
+        let waiting = try submit(first, list(1, "/json"))
+        XCTAssertEqual(waiting.state, .pending)
+        _ = try untilJob(first, holder.id) { try first.job(id: holder.id)?.state == .running }
+        first.shutdown(gracePeriodMs: 500)
+        // The job that was running takes its room at once; the one that waited waits on.
+        let second = try makeEngine { $0.maxActiveNodes = 2 }
+        XCTAssertEqual(try second.job(id: holder.id)?.state, .running)
+        XCTAssertEqual(try second.job(id: waiting.id)?.state, .pending)
+        _ = try cancel(second, holder.id)
+        XCTAssertEqual(try settled(second, waiting.id).state, .succeeded)
+    }
+
     // MARK: - Retry
 
     func testRetryKeepsSucceededNodesAndRunsTheRestAgain() throws {

@@ -39,6 +39,7 @@ final class ServerConfigTests: XCTestCase {
         XCTAssertEqual(config.requestTimeoutMs, 30_000)
         XCTAssertEqual(config.httpConfiguration.requestTimeoutSeconds, 30)
         XCTAssertEqual(config.maxActiveJobs, 10_000)
+        XCTAssertEqual(config.maxActiveNodes, 20_000)
         XCTAssertEqual(config.logLevel, .info)
     }
 
@@ -61,7 +62,7 @@ final class ServerConfigTests: XCTestCase {
             "--max-request-bytes", "2MiB", "--max-nodes", "50", "--max-depth", "8", "--max-response-bytes", "512k",
             "--max-concurrent-fetches", "32", "--max-per-host", "4", "--deny-cidr", "10.0.0.0/8",
             "--retention", "12h", "--shutdown-grace", "3s", "--max-active-jobs", "7", "--log-level", "debug",
-            "--request-timeout", "1500ms",
+            "--request-timeout", "1500ms", "--max-active-nodes", "0",
         ])
         XCTAssertEqual(config.host, "127.0.0.1")
         XCTAssertEqual(config.port, 0)
@@ -79,6 +80,7 @@ final class ServerConfigTests: XCTestCase {
         XCTAssertEqual(config.requestTimeoutMs, 1500)
         XCTAssertEqual(config.httpConfiguration.requestTimeoutSeconds, 1.5)
         XCTAssertEqual(config.maxActiveJobs, 7)
+        XCTAssertEqual(config.maxActiveNodes, 0)
         XCTAssertEqual(config.logLevel, .debug)
     }
 
@@ -204,6 +206,7 @@ final class ServerConfigTests: XCTestCase {
         XCTAssertEqual(config.graphLimits.maxDepth, 3)
         XCTAssertEqual(config.graphLimits.maxResponseBytes, 1024)
         XCTAssertEqual(config.engineConfiguration.maxActiveJobs, 2)
+        XCTAssertEqual(config.engineConfiguration.maxActiveNodes, 20_000)
         XCTAssertEqual(config.engineConfiguration.retentionMs, 3_600_000)
         XCTAssertEqual(config.engineConfiguration.limits.maxNodes, 5)
         XCTAssertEqual(config.fetcherConfiguration.maxConcurrentFetches, 9)

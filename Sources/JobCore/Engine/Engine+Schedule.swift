@@ -83,22 +83,36 @@ final class Timekeeper: @unchecked Sendable {
         let pass = passes
         let readAt = Timestamp.nowMs()
         do {
+            let mark = engine.nodeRoom.markBeforeRead()
             let batch = max(1, engine.configuration.dueBatchSize)
             var after: (dueAt: Int64, id: String)?
             var tookAny = false
+            // The jobs left in the store for room: the read stopped at the room's nodes, or a job found none.
+            var roomFull = false
+            var cut = false
             // Bounded: each round reads past the last row of the one before.
             for _ in 0..<100_000 {
                 var unreadable: [UnreadableJob] = []
+                let maxNodes = engine.nodeRoom.free
+                let skip = Set(taken.keys)
                 let due = try engine.store.dueJobs(
-                    atOrBeforeMs: readAt, after: after, limit: batch, unreadable: &unreadable)
-                let fresh = due.filter { taken[$0.job.id] == nil }
-                let bad = unreadable.filter { taken[$0.job.id] == nil }
+                    atOrBeforeMs: readAt, after: after, limit: batch, maxNodes: maxNodes, skipping: skip,
+                    unreadable: &unreadable)
+                let fresh = due.filter { !skip.contains($0.job.id) }
+                let bad = unreadable.filter { !skip.contains($0.job.id) }
+                cut = fresh.reduce(0) { $0 + $1.nodes.count } > maxNodes
                 if !fresh.isEmpty || !bad.isEmpty {
-                    guard engine.takeDue(fresh, unreadable: bad) else { return }
-                    for item in fresh { taken[item.job.id] = pass }
+                    guard let took = engine.takeDue(fresh, unreadable: bad) else { return }
+                    for item in fresh.prefix(took) { taken[item.job.id] = pass }
                     for item in bad { taken[item.job.id] = pass }
                     tookAny = true
+                    // The rest wait for room: `Engine.giveBack` brings the timekeeper back.
+                    if took < fresh.count {
+                        roomFull = true
+                        break
+                    }
                 }
+                if cut { break }
                 let rows = due.map { ($0.job.dueAt ?? 0, $0.job.id) } + unreadable.map { ($0.job.dueAt ?? 0, $0.job.id) }
                 guard rows.count >= batch, let last = rows.max(by: { $0 < $1 }) else { break }
                 after = (last.0, last.1)
@@ -109,6 +123,13 @@ final class Timekeeper: @unchecked Sendable {
                     keeper.queue.async { keeper.committedPass = max(keeper.committedPass, pass) }
                 }
             }
+            if roomFull {
+                if let next = try engine.store.nextDueAt(after: readAt) { arm(next) }
+                return
+            }
+            // The read stopped at the room's nodes, and room came back meanwhile: another pass at once.
+            if cut { return arm(Timestamp.nowMs()) }
+            engine.nodeRoom.noneQueued(since: mark)
             // Whatever was due by `readAt` has been read; a job stored later with an earlier time arms the timer
             // itself (`scheduled`).
             if let next = try engine.store.nextDueAt(after: readAt) { arm(next) }
@@ -206,31 +227,38 @@ extension Engine {
 
     // MARK: - Jobs waiting for their time
 
-    /// Rebuilds and begins jobs the timekeeper read as due, and queues their rows without `due_at`; a job that
-    /// cannot be rebuilt fails alone, with kind `internal`. False (and nothing taken) once shutdown began.
-    func takeDue(_ due: [(job: JobRecord, nodes: [NodeRecord])], unreadable: [UnreadableJob]) -> Bool {
+    /// Rebuilds and begins jobs the timekeeper read as due, in their order, while `nodeRoom` has room for them, and
+    /// queues their rows without `due_at`; a job that cannot be rebuilt fails alone, with kind `internal`. The jobs
+    /// of `due` taken (a prefix: the first that finds no room and those after it wait on in the store), or `nil`
+    /// (and nothing taken) once shutdown began.
+    func takeDue(_ due: [(job: JobRecord, nodes: [NodeRecord])], unreadable: [UnreadableJob]) -> Int? {
         queue.sync {
-            if shuttingDown { return false }
+            if shuttingDown { return nil }
             var written: [JobRecord] = []
             var failed: [(JobRecord, String)] = unreadable.map { ($0.job, "the stored job could not be read: \($0.error.description)") }
+            var taken = 0
             for (stored, nodes) in due {
+                if runs[stored.id] == nil, !nodeRoom.take(forWaiting: nodes.count) { break }
+                taken += 1
                 timekeeper.scheduledJobs -= 1
                 var job = stored
                 job.dueAt = nil
                 if runs[job.id] != nil { continue }
                 do {
                     let run = try rebuild(job, nodes)
+                    run.roomHeld = nodes.count
                     jobsByState[job.state, default: 0] -= 1
                     activate(run)
                     written.append(run.record)
                 } catch {
+                    giveBack(nodes.count)
                     failed.append((job, "the stored job could not be rebuilt: \(error)"))
                 }
             }
             timekeeper.scheduledJobs -= unreadable.count
             let now = Timestamp.nowMs()
-            if let earliest = due.compactMap(\.job.dueAt).min() {
-                logger.debug("due jobs taken in", ["jobs": .int(due.count), "late_ms": .int(Int(now - earliest))])
+            if let earliest = due.prefix(taken).compactMap(\.job.dueAt).min() {
+                logger.debug("due jobs taken in", ["jobs": .int(taken), "late_ms": .int(Int(now - earliest))])
             }
             for (job, reason) in failed {
                 logger.error("scheduled job failed when it was due", ["job": .string(job.id), "reason": .string(reason)])
@@ -241,7 +269,7 @@ extension Engine {
                 written.append(record)
             }
             store.enqueue(jobs: written, nodes: [], bodies: [])
-            return true
+            return taken
         }
     }
 

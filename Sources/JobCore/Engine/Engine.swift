@@ -111,6 +111,8 @@ public final class Engine: @unchecked Sendable {
     var gate = ConcurrencyGate()
     /// Jobs waiting in the store for their `not_before`, and the one timer for the earliest (API.md §8).
     let timekeeper = Timekeeper()
+    /// The nodes of the jobs in memory, against `configuration.maxActiveNodes`; jobs over it wait in the store.
+    let nodeRoom: NodeRoom
     /// A stored job's webhook delivery state (`notify`), looked up on a read queue when the job is read from the
     /// store. Set once, before `start()`.
     public var notifyStatus: (@Sendable (String) -> NotifyStatus?)?
@@ -148,6 +150,7 @@ public final class Engine: @unchecked Sendable {
         self.store = store
         self.fetcher = fetcher
         self.configuration = configuration
+        nodeRoom = NodeRoom(budget: configuration.maxActiveNodes)
         self.logger = logger
         self.renderSettled = renderSettled
         self.renderSettledWithResultText = renderSettledWithResultText
@@ -401,12 +404,16 @@ public final class Engine: @unchecked Sendable {
     ) {
         let now = Timestamp.nowMs()
         // A job that waits for its time waits in the store, not among the active jobs.
-        let dueAt = spec.schedule.notBefore.flatMap { $0 > now ? $0 : nil }
+        var dueAt = spec.schedule.notBefore.flatMap { $0 > now ? $0 : nil }
         // Read from their mirrors: a submission waits for `queue` only to start its job, not behind every fetch
         // outcome queued there to learn whether it may. The limits were never exact under concurrent submissions
         // (the check and the start are two turns apart either way).
         if shutdownBegun.load(ordering: .acquiring) { return completion(.success(.shuttingDown)) }
         if dueAt == nil, refusesActiveJobs { return completion(.success(.queueFull)) }
+        // A job that would take the nodes in memory over `maxActiveNodes` waits in the store for room, due now.
+        let reserved = dueAt == nil && nodeRoom.take(forNew: spec.graph.nodes.count) ? spec.graph.nodes.count : 0
+        let waitsForRoom = dueAt == nil && reserved == 0
+        if waitsForRoom { dueAt = now }
         let id = ids.withLock { $0.next(nowMs: Timestamp.nowMs()) }
         var progress = Progress()
         progress.total = spec.graph.nodes.count
@@ -422,15 +429,21 @@ public final class Engine: @unchecked Sendable {
         let created = job
         let requestHash = idempotencyKey == nil ? nil : fnv1aHex(requestBytes ?? request.bytes)
         let nodes = spec.graph.pendingNodeRecords(jobID: id)
+        let waits = dueAt
         let create: @Sendable () -> Void = { [self] in
             store.createJob(
                 created, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash,
                 // A job that waits for its time is read from the store until then; one that starts now, from memory.
-                nodesMayFollow: dueAt == nil
+                nodesMayFollow: waits == nil
             ) { [self] result in
+                if case .success(.created) = result {} else {
+                    giveBack(reserved)
+                    if waitsForRoom { nodeRoom.arrived() }
+                }
                 switch result {
                 case .success(.created):
-                    takeIn(created, spec.graph, nodes, completion)
+                    takeIn(created, spec.graph, nodes, reserved: reserved, completion)
+                    if waitsForRoom { nodeRoom.arrived() }
                 case .success(.existing(let existing)):
                     queue.async { [self] in
                         let shown = runs[existing.id].map(shownRecord) ?? existing
@@ -443,12 +456,15 @@ public final class Engine: @unchecked Sendable {
                 }
             }
         }
-        if dueAt == nil {
+        if waits == nil {
             create()
         } else {
             // The timekeeper's count is the queue's.
             queue.async { [self] in
-                if timekeeper.scheduledJobs >= configuration.maxScheduledJobs { return completion(.success(.queueFull)) }
+                if timekeeper.scheduledJobs >= configuration.maxScheduledJobs {
+                    if waitsForRoom { nodeRoom.arrived() }
+                    return completion(.success(.queueFull))
+                }
                 create()
             }
         }
@@ -468,7 +484,7 @@ public final class Engine: @unchecked Sendable {
     /// among the scheduled, one that starts now is activated, each in a turn of `queue`. With a concurrency key
     /// shared through the store, its admission asks the store first, off both threads.
     private func takeIn(
-        _ job: JobRecord, _ graph: JobGraph, _ nodes: [NodeRecord],
+        _ job: JobRecord, _ graph: JobGraph, _ nodes: [NodeRecord], reserved: Int,
         _ completion: @escaping @Sendable (Result<SubmitOutcome, Error>) -> Void
     ) {
         let created: @Sendable (JobRecord) -> Void = { [self] shown in
@@ -489,6 +505,7 @@ public final class Engine: @unchecked Sendable {
         let start: @Sendable ((holders: [String], waiting: [String])?) -> Void = { [self] pass in
             queue.async { [self] in
                 let run = JobRun(engine: self, graph: graph, record: job, nodes: nodes)
+                run.roomHeld = reserved
                 activate(run, hold: pass != nil)
                 if let pass { waitAfterSubmission(run, pass) }
                 created(shownRecord(run))
@@ -520,6 +537,10 @@ public final class Engine: @unchecked Sendable {
     /// cancelled).
     func activate(_ run: JobRun, resumed: Bool = false, hold: Bool = false) {
         runs[run.id] = run
+        if run.roomHeld == 0 {
+            run.roomHeld = run.nodes.count
+            nodeRoom.take(run.roomHeld)
+        }
         if !run.record.state.isSettled { unsettledJobs += 1 }
         countedJobState[run.id] = run.record.state
         jobsByState[run.record.state, default: 0] += 1
@@ -801,6 +822,7 @@ public final class Engine: @unchecked Sendable {
             m.scheduledJobs = self.timekeeper.scheduledJobs
             m.waitingForKey = self.gate.totalWaiting
             m.responseMemoryBytes = self.responseMemory?.usedBytes ?? 0
+            m.activeNodes = self.nodeRoom.held
             m.transfer.rateLimitWaitMs = Int(self.fetchQueue.rateWaitNs / 1_000_000)
             m.transfer.rateLimitedFetches = self.fetchQueue.rateLimitedStarts
             m.transfer.coalescedFetches = self.sharedTransfers.coalescedCount
@@ -1375,6 +1397,8 @@ public final class Engine: @unchecked Sendable {
     func forget(_ run: JobRun) {
         guard runs[run.id] === run else { return }
         runs[run.id] = nil
+        giveBack(run.roomHeld)
+        run.roomHeld = 0
         memoryReturn.runEnded(run.id)
         countedJobState[run.id] = nil
         eventHub.forget(run.id)
@@ -1383,6 +1407,11 @@ public final class Engine: @unchecked Sendable {
         fetchQueue.removeJob(run.id)
         if !fetchQueue.rateLimiter.isEmpty, let rates = shared as? SharedHostRates { rates.withdrawHostStarts(jobID: run.id) }
         shared?.released(jobID: run.id)
+    }
+
+    /// Gives back the room `nodes` held; when jobs wait in the store for room, the timekeeper looks at once.
+    func giveBack(_ nodes: Int) {
+        if nodes > 0, nodeRoom.give(nodes) { timekeeper.scheduled(dueAt: Timestamp.nowMs()) }
     }
 
     // MARK: - Retention

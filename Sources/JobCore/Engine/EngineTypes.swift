@@ -4,6 +4,9 @@ public struct EngineConfiguration: Sendable {
     public var limits = Limits()
     /// At most this many jobs pending or running at once; more submissions are refused (429).
     public var maxActiveJobs = 10_000
+    /// The nodes the jobs in memory may hold together (`NodeRoom`): a job that would take them over waits in the
+    /// store until room is given back; 0: no bound. The server sets it from `--max-active-nodes`.
+    public var maxActiveNodes = 0
     /// At most this many fetches handed to the fetcher at once; the rest wait in the engine's fair queue.
     public var maxConcurrentFetches = 256
     /// At most this many fetches to one host (scheme, host and port) handed to the fetcher at once.
@@ -79,12 +82,14 @@ public struct EngineMetrics: Sendable {
     public var jobLoadFailures = 0
     /// Long-polls waiting for a job to change.
     public var longPollsWaiting = 0
-    /// Jobs waiting in the store for their `not_before`.
+    /// Jobs waiting in the store for their `not_before`, or for room (`maxActiveNodes`).
     public var scheduledJobs = 0
     /// Jobs waiting for a slot of their concurrency key.
     public var waitingForKey = 0
     /// Response body bytes the jobs in memory hold (counted against `maxResponseMemory`; 0 when it is unset).
     public var responseMemoryBytes = 0
+    /// The nodes the jobs in memory hold (`NodeRoom`, bounded by `maxActiveNodes`).
+    public var activeNodes = 0
     /// Coalescing, cache and rate-limit counters (API.md §9).
     public var transfer = TransferMetrics()
 

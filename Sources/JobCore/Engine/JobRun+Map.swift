@@ -59,6 +59,8 @@ extension JobRun {
         record.progress.pending += block.count
         unsettledNodes += block.count
         engine.nodesAdded(block.count)
+        engine.nodeRoom.take(block.count)
+        roomHeld += block.count
         touch(i)
 
         let runner = MapRunner(run: self, map: i, spec: spec)

@@ -143,6 +143,15 @@ public enum StoredNodeListShown<T> {
 }
 
 extension JobStore {
+    /// `dueJobs` with every job's nodes, however many.
+    public func dueJobs(
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, unreadable: inout [UnreadableJob]
+    ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
+        try dueJobs(
+            atOrBeforeMs: atOrBeforeMs, after: after, limit: limit, maxNodes: Int.max, skipping: [],
+            unreadable: &unreadable)
+    }
+
     /// The job's nodes as values: a store that cannot write results from its rows' text.
     public func showStoredNodeList<T>(jobID: String, _ make: (StoredNodeListText) throws -> T) throws -> StoredNodeListShown<T> {
         try stateAndNodes(jobID: jobID, includeResults: true).map { .nodes($0.state, $0.nodes) } ?? .notFound
@@ -330,11 +339,13 @@ public protocol JobStore: AnyObject, Sendable {
     /// Commits what is queued and releases the database; later calls throw kind `closed`.
     func close()
 
-    /// Jobs waiting in the store for their `not_before` (`due_at` set) that are due by `atOrBeforeMs`, in
-    /// `(due_at, id)` order after `after`, at most `limit`, with their nodes; a job that cannot be read is
-    /// appended to `unreadable`.
+    /// Jobs waiting in the store (`due_at` set: for their `not_before`, or for room) that are due by `atOrBeforeMs`,
+    /// in `(due_at, id)` order after `after`, at most `limit`, with their nodes; a job that cannot be read is
+    /// appended to `unreadable`. The read stops after the job whose nodes take those read over `maxNodes`; a job
+    /// in `skipping` (taken in already) comes without its nodes, which are neither read nor counted.
     func dueJobs(
-        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, unreadable: inout [UnreadableJob]
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: Set<String>,
+        unreadable: inout [UnreadableJob]
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])]
 
     /// The earliest `due_at` later than `afterMs` of the jobs waiting in the store, or `nil`.

@@ -6,7 +6,8 @@ extension SQLiteJobStore {
     /// first, at most `limit`, with their nodes (results included), from one snapshot; a job that cannot be read
     /// whole is appended to `unreadable`.
     public func dueJobs(
-        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, unreadable: inout [UnreadableJob]
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: Set<String>,
+        unreadable: inout [UnreadableJob]
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var skipped: [UnreadableJob] = []
         defer { unreadable.append(contentsOf: skipped) }
@@ -26,7 +27,13 @@ extension SQLiteJobStore {
                 "SELECT \(Columns.node) FROM nodes WHERE job_id = ?1 ORDER BY position")
             defer { nodeStatement.reset() }
             var found: [(job: JobRecord, nodes: [NodeRecord])] = []
+            var nodesRead = 0
             for job in jobs {
+                if skipping.contains(job.id) {
+                    found.append((job, []))
+                    continue
+                }
+                if nodesRead > maxNodes { break }
                 nodeStatement.reset()
                 nodeStatement.bind(1, job.id)
                 var nodes: [NodeRecord] = []
@@ -37,6 +44,7 @@ extension SQLiteJobStore {
                     var assembled = job
                     try Rows.assemble(&nodes, jobID: job.id, db: db)
                     try ResultAssembly.assemble(&assembled, nodes: nodes)
+                    nodesRead += nodes.count
                     found.append((assembled, nodes))
                 } catch let error as StoreError {
                     skipped.append(UnreadableJob(job: job, error: error))

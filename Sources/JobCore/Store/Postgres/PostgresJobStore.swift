@@ -453,7 +453,8 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     }
 
     public func dueJobs(
-        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, unreadable: inout [UnreadableJob]
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: Set<String>,
+        unreadable: inout [UnreadableJob]
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var skipped: [UnreadableJob] = []
         defer { unreadable.append(contentsOf: skipped) }
@@ -485,12 +486,18 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
                     [.int(atOrBeforeMs), .int(max(1, limit)), .int(after?.dueAt ?? Int64.min), .text(after?.id ?? ""),
                      .text(leases.owner)]))
             var found: [(job: JobRecord, nodes: [NodeRecord])] = []
+            var nodesRead = 0
             for row in jobRows {
+                if nodesRead > maxNodes { break }
                 let job: JobRecord
                 do {
                     job = try PGRows.job(row)
                 } catch let error as StoreError {
                     if let partial = PGRows.partialJob(row) { skipped.append(UnreadableJob(job: partial, error: error)) }
+                    continue
+                }
+                if skipping.contains(job.id) {
+                    found.append((job, []))
                     continue
                 }
                 do {
@@ -502,6 +509,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
                     var assembled = job
                     try PGRows.assemble(&nodes, jobID: job.id, db: db)
                     try ResultAssembly.assemble(&assembled, nodes: nodes)
+                    nodesRead += nodes.count
                     found.append((assembled, nodes))
                 } catch let error as StoreError where error.kind == .corrupt {
                     skipped.append(UnreadableJob(job: job, error: error))
