@@ -6,6 +6,10 @@
 #   (ii)  JOBS such jobs submitted at once,
 #   (iii) one job, a `list` of N fetches of the 1 MB file,
 #   (iv)  MANY such jobs submitted at once,
+#   (v)   NODE_JOBS (default 20) jobs submitted at once, each a `list` of NODES (default 9,999, so 10,000 nodes: the
+#         default `--max-nodes`) fetches of a TINY_BYTES (21) file: memory that goes with nodes, not with results,
+#         bounded by `--max-active-nodes` (default 20,000, so two such jobs at a time; the others wait in the store);
+#   (vi)  the same with `--max-active-nodes 0` (no bound),
 # each on a fresh server and SQLite file. Measured from /proc/<pid>/status: the peak RSS until the jobs settled
 # (VmHWM), the peak until the store has written them and they have left memory (the engine keeps a settled job
 # until its last state is committed; `jobserver_nodes` on /metrics counts the nodes of the jobs in memory), the RSS
@@ -22,6 +26,9 @@ JOBS=${JOBS:-4}
 MANY=${MANY:-16}
 BIG_BYTES=${BIG_BYTES:-10000000}
 SMALL_BYTES=${SMALL_BYTES:-1000000}
+NODE_JOBS=${NODE_JOBS:-20}
+NODES=${NODES:-9999}
+TINY_BYTES=${TINY_BYTES:-21}
 SETTLE=${SETTLE:-5}
 RUNS=${RUNS:-5}
 CONFIG=${CONFIG:-release}
@@ -34,10 +41,10 @@ build_jobserver "$CONFIG"
 
 mkdir -p "$tmp/www"
 # Valid JSON of exactly the size asked: {"data":"xxx…"}.
-python3 - "$tmp/www" "$BIG_BYTES" "$SMALL_BYTES" <<'PY'
+python3 - "$tmp/www" "$BIG_BYTES" "$SMALL_BYTES" "$TINY_BYTES" <<'PY'
 import sys
-root, big, small = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-for name, size in (("big.json", big), ("small.json", small)):
+root, big, small, tiny = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+for name, size in (("big.json", big), ("small.json", small), ("tiny.json", tiny)):
     with open(f"{root}/{name}", "w") as f:
         f.write('{"data":"' + "x" * (size - 11) + '"}')
 PY
@@ -45,9 +52,9 @@ chmod 644 "$tmp/www/"*.json
 start_nginx "$tmp/www"
 wait_for "http://127.0.0.1:$nginx_port/small.json" || { tail -5 "$tmp/logs/error.log" >&2; exit 1; }
 
-# job_body FILE: a list of N fetches of FILE, each URL its own (no sharing between them).
+# job_body FILE COUNT: a list of COUNT fetches of FILE, each URL its own (no sharing between them).
 job_body() {
-  python3 - "$1" "$N" "$nginx_port" <<'PY'
+  python3 - "$1" "$2" "$nginx_port" <<'PY'
 import json, sys
 name, n, port = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 print(json.dumps({"graph": {"type": "list", "children": [
@@ -56,20 +63,23 @@ PY
 }
 
 rows=()
-# scenario LABEL FILE COUNT: COUNT jobs of N fetches of FILE at once on a fresh server; appends its figures to the
-# arrays of the case (m_base, m_hwm, m_written, m_settled, m_get in MiB, m_run, m_write in ms, m_outcomes).
+# scenario LABEL FILE COUNT [FETCHES [FLAGS]]: COUNT jobs of FETCHES (default N) fetches of FILE at once on a fresh
+# server started with FLAGS (default none); appends its figures to the arrays of the case (m_base, m_hwm, m_written,
+# m_settled, m_get in MiB, m_run, m_write in ms, m_outcomes).
 scenario() {
-  local label="$1" file="$2" count="$3" port server base ids=() subs=() id k state outcomes start base_kib hwm_kib
+  local label="$1" file="$2" count="$3" fetches="${4:-$N}" flags="${5:-}"
+  local port server base ids=() subs=() id k state outcomes start base_kib hwm_kib
   local written_kib settled_kib get_kib run_ms write_ms in_memory
   port=$(free_port)
   rm -rf "$tmp/db" "$tmp/outcomes-$label"
-  "$bin/jobserver" serve --host 127.0.0.1 --port "$port" --db "$tmp/db/jobs.sqlite" 2>"$tmp/server-$label.log" &
+  # shellcheck disable=SC2086 # FLAGS is a list of words.
+  "$bin/jobserver" serve --host 127.0.0.1 --port "$port" --db "$tmp/db/jobs.sqlite" $flags 2>"$tmp/server-$label.log" &
   server=$!
   pids+=("$server")
   base="http://127.0.0.1:$port"
   wait_for "$base/healthz"
   base_kib=$(kib VmRSS "$server")
-  job_body "$file" >"$tmp/job.json"
+  job_body "$file" "$fetches" >"$tmp/job.json"
   start=$(date +%s%N)
   for ((k = 0; k < count; k++)); do
     curl -sS -H 'Content-Type: application/json' --data-binary @"$tmp/job.json" "$base/v1/jobs" >"$tmp/answer-$k.json" &
@@ -120,7 +130,7 @@ scenario() {
 }
 
 
-# case_row LABEL FILE COUNT: the scenario RUNS times; adds a row. The target is checked on the median of the last
+# case_row LABEL FILE COUNT [FETCHES [FLAGS]]: the scenario RUNS times; adds a row. The target is checked on the median of the last
 # peak, the highest.
 case_row() {
   m_base=(); m_hwm=(); m_written=(); m_settled=(); m_get=(); m_run=(); m_write=(); m_outcomes=()
@@ -138,13 +148,18 @@ case_row "1 job × $N × $big_mb MB" big.json 1
 case_row "$JOBS jobs × $N × $big_mb MB" big.json "$JOBS"
 case_row "1 job × $N × $small_mb MB" small.json 1
 case_row "$MANY jobs × $N × $small_mb MB" small.json "$MANY"
+case_row "$NODE_JOBS jobs × $NODES × $TINY_BYTES B" tiny.json "$NODE_JOBS" "$NODES"
+case_row "$NODE_JOBS jobs × $NODES × $TINY_BYTES B, \`--max-active-nodes 0\`" tiny.json "$NODE_JOBS" "$NODES" "--max-active-nodes 0"
 
 cat <<MD
 ## Memory under big responses
 
-nginx $(nginx_version) serves a JSON file of $BIG_BYTES bytes and one of $SMALL_BYTES bytes on 127.0.0.1. The
-jobserver ($CONFIG, default flags: \`--max-job-bytes 64MiB\`, \`--max-response-memory 64MiB\`, \`--max-response-bytes 10MiB\`) runs each case on a fresh
-server and SQLite file: jobs that are a \`list\` of $N fetches of one file (each URL its own), submitted at once.
+nginx $(nginx_version) serves JSON files of $BIG_BYTES, $SMALL_BYTES and $TINY_BYTES bytes on 127.0.0.1. The
+jobserver ($CONFIG, default flags: \`--max-job-bytes 64MiB\`, \`--max-response-memory 64MiB\`, \`--max-response-bytes 10MiB\`, \`--max-active-nodes 20000\`) runs each case on a fresh
+server and SQLite file: jobs that are a \`list\` of fetches of one file (each URL its own), submitted at once. The last
+two rows are about memory that goes with nodes rather than results: with the default \`--max-active-nodes\`, two of
+the $NODE_JOBS jobs of $((NODES + 1)) nodes are in memory at a time and the others wait in the store; the last row
+has no bound.
 RSS in MiB from \`/proc/<pid>/status\`: at start; the peak until all had settled (\`VmHWM\`, waiting on their node
 lists, which carry no results); the peak until the store had written them and they had left memory (the engine
 keeps a settled job until its last state is committed; \`jobserver_nodes\` on \`/metrics\` counts the nodes in

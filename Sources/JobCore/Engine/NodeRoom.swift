@@ -32,9 +32,6 @@ final class NodeRoom: Sendable {
     /// Nodes held now.
     var held: Int { count.withLock { $0.held } }
 
-    /// Whether jobs wait in the store for room.
-    var queued: Bool { count.withLock { $0.queued } }
-
     /// The most nodes the jobs read for taking in should hold together: what is free, or `Int.max` without a bound.
     var free: Int {
         guard budget > 0 else { return Int.max }
