@@ -12,6 +12,7 @@ final class PrometheusTextTests: XCTestCase {
         m.pendingFetches = 6
         m.fetchesInFlight = 4
         m.responseMemoryBytes = 921600
+        m.activeNodes = 14
         m.fetchOutcomes = ["succeeded": 7, "timeout": 1, "http_status": 2]
         m.latencyBucketsMs = [10, 100]
         m.latencyCounts = [3, 5, 2]
@@ -59,7 +60,7 @@ final class PrometheusTextTests: XCTestCase {
             # HELP jobserver_long_polls_waiting Long-polls waiting for a job to change.
             # TYPE jobserver_long_polls_waiting gauge
             jobserver_long_polls_waiting 0
-            # HELP jobserver_jobs_scheduled Jobs waiting in the store for their not_before.
+            # HELP jobserver_jobs_scheduled Jobs waiting in the store for their not_before or for room (--max-active-nodes).
             # TYPE jobserver_jobs_scheduled gauge
             jobserver_jobs_scheduled 0
             # HELP jobserver_jobs_waiting_for_key Jobs waiting for a slot of their concurrency key.
@@ -68,6 +69,9 @@ final class PrometheusTextTests: XCTestCase {
             # HELP jobserver_response_memory_bytes Response body bytes the jobs in memory hold (bounded by --max-response-memory).
             # TYPE jobserver_response_memory_bytes gauge
             jobserver_response_memory_bytes 921600
+            # HELP jobserver_active_nodes Nodes of the jobs in memory (bounded by --max-active-nodes).
+            # TYPE jobserver_active_nodes gauge
+            jobserver_active_nodes 14
             # HELP jobserver_fetches_total Finished fetch attempts by outcome.
             # TYPE jobserver_fetches_total counter
             jobserver_fetches_total{outcome="http_status"} 2
