@@ -94,12 +94,11 @@ final class Timekeeper: @unchecked Sendable {
             for _ in 0..<100_000 {
                 var unreadable: [UnreadableJob] = []
                 let maxNodes = engine.nodeRoom.free
-                let skip = Set(taken.keys)
                 let due = try engine.store.dueJobs(
-                    atOrBeforeMs: readAt, after: after, limit: batch, maxNodes: maxNodes, skipping: skip,
-                    unreadable: &unreadable)
-                let fresh = due.filter { !skip.contains($0.job.id) }
-                let bad = unreadable.filter { !skip.contains($0.job.id) }
+                    atOrBeforeMs: readAt, after: after, limit: batch, maxNodes: maxNodes,
+                    skipping: { taken[$0] != nil }, unreadable: &unreadable)
+                let fresh = due.filter { taken[$0.job.id] == nil }
+                let bad = unreadable.filter { taken[$0.job.id] == nil }
                 cut = fresh.reduce(0) { $0 + $1.nodes.count } > maxNodes
                 if !fresh.isEmpty || !bad.isEmpty {
                     guard let took = engine.takeDue(fresh, unreadable: bad) else { return }

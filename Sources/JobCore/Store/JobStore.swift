@@ -148,7 +148,7 @@ extension JobStore {
         atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, unreadable: inout [UnreadableJob]
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         try dueJobs(
-            atOrBeforeMs: atOrBeforeMs, after: after, limit: limit, maxNodes: Int.max, skipping: [],
+            atOrBeforeMs: atOrBeforeMs, after: after, limit: limit, maxNodes: Int.max, skipping: { _ in false },
             unreadable: &unreadable)
     }
 
@@ -342,9 +342,9 @@ public protocol JobStore: AnyObject, Sendable {
     /// Jobs waiting in the store (`due_at` set: for their `not_before`, or for room) that are due by `atOrBeforeMs`,
     /// in `(due_at, id)` order after `after`, at most `limit`, with their nodes; a job that cannot be read is
     /// appended to `unreadable`. The read stops after the job whose nodes take those read over `maxNodes`; a job
-    /// in `skipping` (taken in already) comes without its nodes, which are neither read nor counted.
+    /// `skipping` names (taken in already) comes without its nodes, which are neither read nor counted.
     func dueJobs(
-        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: Set<String>,
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: (String) -> Bool,
         unreadable: inout [UnreadableJob]
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])]
 

@@ -6,7 +6,7 @@ extension SQLiteJobStore {
     /// first, at most `limit`, with their nodes (results included), from one snapshot; a job that cannot be read
     /// whole is appended to `unreadable`.
     public func dueJobs(
-        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: Set<String>,
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: (String) -> Bool,
         unreadable: inout [UnreadableJob]
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var skipped: [UnreadableJob] = []
@@ -29,7 +29,7 @@ extension SQLiteJobStore {
             var found: [(job: JobRecord, nodes: [NodeRecord])] = []
             var nodesRead = 0
             for job in jobs {
-                if skipping.contains(job.id) {
+                if skipping(job.id) {
                     found.append((job, []))
                     continue
                 }

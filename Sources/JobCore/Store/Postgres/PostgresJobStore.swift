@@ -453,7 +453,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
     }
 
     public func dueJobs(
-        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: Set<String>,
+        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: (String) -> Bool,
         unreadable: inout [UnreadableJob]
     ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
         var skipped: [UnreadableJob] = []
@@ -496,7 +496,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
                     if let partial = PGRows.partialJob(row) { skipped.append(UnreadableJob(job: partial, error: error)) }
                     continue
                 }
-                if skipping.contains(job.id) {
+                if skipping(job.id) {
                     found.append((job, []))
                     continue
                 }
