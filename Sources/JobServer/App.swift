@@ -62,7 +62,14 @@ final class App: @unchecked Sendable {
     /// writer runs ten nice steps down, so when the CPU is short its commits slow, and so do the submissions that wait
     /// for them, rather than accepting jobs faster than their fetches run. Without it, 60 s of wrk left a backlog of up
     /// to 9,969 accepted jobs (the `--max-active-jobs` refusals then bound it) against at most 407.
-    private let submissions = Admission(limit: submissionQueueCount)
+    ///
+    /// They are weighed by their bodies, too: a submission in flight holds its parsed body, its graph and its node
+    /// records, about ten times its bytes, until its job is committed; twenty bodies of 10,000 fetches posted at
+    /// once had all been parsed before the first job was taken in (peaking at 240–280 MiB in their first second).
+    /// Bodies of `submissionBytesInFlight` in all are taken on at once; a larger one (a raised
+    /// `--max-request-bytes`) goes alone. Jobs of ten fetches weigh a kilobyte each, so the count bounds them first.
+    private let submissions = Admission(limit: submissionQueueCount, weightLimit: submissionBytesInFlight)
+    static let submissionBytesInFlight = 2 << 20
     private let shutdownLock = Lock()
     private var shuttingDown = false
 
@@ -159,7 +166,7 @@ final class App: @unchecked Sendable {
             return
         }
         if route == .submitJob {
-            submissions.enter { [self] release in
+            submissions.enter(weight: request.body.count) { [self] release in
                 nextSubmissionQueue().async { self.answer(route, request, exchange, release: release) }
             }
         } else {

@@ -79,4 +79,24 @@ final class MemoryReturnTests: XCTestCase {
         reads.answerMade(bytes: MemoryReturn.defaultMinAnswerBytes)
         XCTAssertTrue(reads.isPending, "a large answer")
     }
+
+    func testRunsLeavingWhileJobsWaitForRoomTrimAtOnceOnceTheyHeldEnoughNodes() {
+        let memory = MemoryReturn()
+        memory.roomTrimNodes = 100
+        memory.quietMs = 60_000
+        // Without jobs waiting, runs leaving only ask for the trim after the quiet time.
+        memory.runsLeft(nodes: 500)
+        memory.queue.sync {}
+        XCTAssertEqual(memory.trims, 0)
+        // With jobs waiting, runs of 60 and 40 nodes (100 in all) leaving trim at once, before the quiet time.
+        memory.runsLeft(nodes: 60, jobsWaitForRoom: true)
+        memory.queue.sync {}
+        XCTAssertEqual(memory.trims, 0, "60 of 100 nodes")
+        memory.runsLeft(nodes: 40, jobsWaitForRoom: true)
+        XCTAssertTrue(memory.waitFor(trims: 1, milliseconds: 10_000))
+        // The count starts again after the trim.
+        memory.runsLeft(nodes: 99, jobsWaitForRoom: true)
+        memory.queue.sync {}
+        XCTAssertEqual(memory.trims, 1)
+    }
 }

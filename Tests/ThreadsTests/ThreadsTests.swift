@@ -197,4 +197,69 @@ final class ThreadsTests: XCTestCase {
         XCTAssertEqual(started.withLock { $0 }, [0, 1, 2, 3, 4, 5])
         XCTAssertEqual(admission.counts.inFlight, 0)
     }
+
+    func testWeightedAdmissionTakesWorkOnWhileItsWeightFitsAndAHeavierPieceAlone() {
+        let admission = Admission(limit: 10, weightLimit: 10)
+        let started = Locked<[Int]>([])
+        let releases = Locked<[Int: Admission.Release]>([:])
+        func enter(_ n: Int, weight: Int) {
+            admission.enter(weight: weight) { release in
+                started.withLock { $0.append(n) }
+                releases.withLock { $0[n] = release }
+            }
+        }
+        func release(_ n: Int) { releases.withLock { $0[n] }?() }
+
+        enter(0, weight: 4)
+        enter(1, weight: 6)
+        enter(2, weight: 1)
+        enter(3, weight: 25)
+        enter(4, weight: 0)
+        XCTAssertEqual(started.withLock { $0 }, [0, 1], "0 and 1 weigh 10 together; 2 would take it over")
+        XCTAssertEqual(admission.weightInFlight, 10)
+        XCTAssertEqual(admission.counts.waiting, 3)
+
+        // 0 leaves: 2 fits, and 3, heavier than the limit, waits until nothing else is in flight; 4, light as it is,
+        // waits behind it, in arrival order.
+        release(0)
+        XCTAssertEqual(started.withLock { $0 }, [0, 1, 2])
+        XCTAssertEqual(admission.weightInFlight, 7)
+        release(1)
+        XCTAssertEqual(started.withLock { $0 }, [0, 1, 2])
+        release(2)
+        XCTAssertEqual(started.withLock { $0 }, [0, 1, 2, 3], "alone")
+        XCTAssertEqual(admission.weightInFlight, 25)
+        release(3)
+        XCTAssertEqual(started.withLock { $0 }, [0, 1, 2, 3, 4])
+        release(4)
+        XCTAssertEqual(admission.weightInFlight, 0)
+        XCTAssertEqual(admission.counts.inFlight, 0)
+
+        // One release lets in every waiting piece that fits now, not just the first.
+        enter(5, weight: 10)
+        enter(6, weight: 3)
+        enter(7, weight: 3)
+        enter(8, weight: 3)
+        XCTAssertEqual(started.withLock { $0 }.suffix(1), [5])
+        release(5)
+        XCTAssertEqual(started.withLock { $0 }.suffix(3), [6, 7, 8])
+        XCTAssertEqual(admission.weightInFlight, 9)
+        for n in 6...8 { release(n) }
+        XCTAssertEqual(admission.counts.inFlight, 0)
+    }
+
+    func testWeightedAdmissionStillBoundsTheCount() {
+        let admission = Admission(limit: 2, weightLimit: 100)
+        let started = Locked<[Int]>([])
+        let releases = Locked<[Int: Admission.Release]>([:])
+        for n in 0..<3 {
+            admission.enter(weight: 1) { release in
+                started.withLock { $0.append(n) }
+                releases.withLock { $0[n] = release }
+            }
+        }
+        XCTAssertEqual(started.withLock { $0 }, [0, 1])
+        releases.withLock { $0[0] }?()
+        XCTAssertEqual(started.withLock { $0 }, [0, 1, 2])
+    }
 }

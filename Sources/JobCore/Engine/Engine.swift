@@ -151,6 +151,7 @@ public final class Engine: @unchecked Sendable {
         self.fetcher = fetcher
         self.configuration = configuration
         nodeRoom = NodeRoom(budget: configuration.maxActiveNodes)
+        if configuration.maxActiveNodes > 0 { memoryReturn.roomTrimNodes = configuration.maxActiveNodes / 4 }
         self.logger = logger
         self.renderSettled = renderSettled
         self.renderSettledWithResultText = renderSettledWithResultText
@@ -1307,6 +1308,8 @@ public final class Engine: @unchecked Sendable {
         var bodies: [(jobID: String, nodeID: String, body: StoredBody)] = []
         let batch = dirtyRuns.values
         dirtyRuns.removeAll()
+        // Made to size: a node record is a few hundred bytes, and a job of 10,000 nodes hands them all over at once.
+        nodes.reserveCapacity(batch.reduce(0) { $0 + $1.dirtyNodes.count })
         // Urgent (the store writes it at once, not on idle CPU time): a fetch ended that a crash would make again
         // though it may not be repeated. A job that settles is urgent by itself.
         var urgent = false
@@ -1384,7 +1387,8 @@ public final class Engine: @unchecked Sendable {
                 for run in batch { self.forget(run) }
                 // Asked for in the next turn: the runs are let go of when this one ends.
                 let nodes = batch.reduce(0) { $0 + $1.nodes.count }
-                self.queue.async { self.memoryReturn.runsLeft(nodes: nodes) }
+                let jobsWait = self.nodeRoom.jobsWait
+                self.queue.async { self.memoryReturn.runsLeft(nodes: nodes, jobsWaitForRoom: jobsWait) }
                 if self.retiring.isEmpty {
                     self.retireScheduled = false
                 } else {

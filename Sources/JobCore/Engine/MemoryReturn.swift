@@ -20,6 +20,11 @@ import Glibc
 /// `dirty_decay_ms` (10 s) before it returns them, the trim waits until `quietMs` have passed since memory was last
 /// freed in bulk, and until no large run is running: a server busy with large jobs keeps its pages, an idle one
 /// gives them back. The decisions are `TrimPolicy`'s; this class runs them on a background queue.
+///
+/// Except where memory is what the jobs wait for: when jobs wait in the store for the room (`--max-active-nodes`)
+/// that runs leaving give back, the next job is built on other threads, whose arenas would grow beside the ones
+/// that keep the pages just freed. So once runs holding `roomTrimNodes` nodes in all have left while jobs waited,
+/// the trim runs at once.
 final class MemoryReturn: Sendable {
     /// How long the server goes without freeing in bulk before the trim.
     static let defaultQuietMs = 10_000
@@ -32,6 +37,9 @@ final class MemoryReturn: Sendable {
         var policy = TrimPolicy(quietNs: UInt64(MemoryReturn.defaultQuietMs) * 1_000_000)
         var minNodes = MemoryReturn.defaultMinNodes
         var minAnswerBytes = MemoryReturn.defaultMinAnswerBytes
+        var roomTrimNodes = Int.max
+        /// Nodes of the runs that left while jobs waited for room, since the last trim for it.
+        var leftForRoom = 0
         /// Frees in bulk told of, checks made, and trims run, so far (tests).
         var asked = 0
         var checks = 0
@@ -53,6 +61,13 @@ final class MemoryReturn: Sendable {
     var minAnswerBytes: Int {
         get { state.withLock { $0.minAnswerBytes } }
         set { state.withLock { $0.minAnswerBytes = newValue } }
+    }
+
+    /// Runs holding this many nodes in all leaving while jobs wait for room trim at once (the engine sets it from
+    /// `--max-active-nodes`; `Int.max`: never).
+    var roomTrimNodes: Int {
+        get { state.withLock { $0.roomTrimNodes } }
+        set { state.withLock { $0.roomTrimNodes = max(1, newValue) } }
     }
 
     /// How long, in milliseconds, the server goes without freeing in bulk before the trim (tests set it lower).
@@ -88,8 +103,16 @@ final class MemoryReturn: Sendable {
         state.withLock { _ = $0.policy.largeRuns.remove(id) }
     }
 
-    /// Runs of `nodes` nodes in all have left memory.
-    func runsLeft(nodes: Int) {
+    /// Runs of `nodes` nodes in all have left memory; `jobsWaitForRoom`: jobs wait in the store for the room they
+    /// gave back.
+    func runsLeft(nodes: Int, jobsWaitForRoom: Bool = false) {
+        let trimAtOnce = jobsWaitForRoom && state.withLock { state in
+            state.leftForRoom += nodes
+            guard state.leftForRoom >= state.roomTrimNodes else { return false }
+            state.leftForRoom = 0
+            return true
+        }
+        if trimAtOnce { queue.async { self.trimNow() } }
         if nodes >= minNodes { bulkFreed() }
     }
 

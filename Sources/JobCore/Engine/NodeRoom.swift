@@ -29,6 +29,9 @@ final class NodeRoom: Sendable {
         self.budget = max(0, budget)
     }
 
+    /// Whether jobs wait in the store for room.
+    var jobsWait: Bool { count.withLock { $0.queued } }
+
     /// Nodes held now.
     var held: Int { count.withLock { $0.held } }
 
