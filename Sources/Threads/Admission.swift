@@ -6,7 +6,7 @@ import Synchronization
 /// `enter` runs its work at once while there is room for it and none waits before it, on the calling thread;
 /// otherwise the work waits, and runs on the thread of the `release` that makes room for it. Each piece of work is
 /// handed its `release`, to call once, when it is done (however later, on whatever thread); a second call does
-/// nothing. A piece heavier than `weightLimit` runs alone, once nothing else is in flight.
+/// nothing. A piece heavier than `weightLimit` runs once no other weight is in flight.
 public final class Admission: Sendable {
     private struct Waiting {
         var weight: Int
