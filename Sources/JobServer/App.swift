@@ -65,7 +65,7 @@ final class App: @unchecked Sendable {
     ///
     /// They are weighed by their bodies, too: a submission in flight holds its parsed body, its graph and its node
     /// records, about ten times its bytes, until its job is committed; twenty bodies of 10,000 fetches posted at
-    /// once had all been parsed before the first job was taken in (peaking at 240–280 MiB in their first second).
+    /// once had all been parsed before the first job was taken in (240–280 MiB within the first two seconds).
     /// Bodies of `submissionBytesInFlight` in all (one of the default `--max-request-bytes`) are taken on at once; a
     /// larger one goes alone. In probes of those twenty, 1 MiB peaked at 225–235 MiB against 250–252 with 2 MiB.
     /// Jobs of ten fetches weigh a kilobyte each, so the count bounds them first.
