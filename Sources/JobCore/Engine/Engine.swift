@@ -437,14 +437,12 @@ public final class Engine: @unchecked Sendable {
                 // A job that waits for its time is read from the store until then; one that starts now, from memory.
                 nodesMayFollow: waits == nil
             ) { [self] result in
-                if case .success(.created) = result {} else {
-                    giveBack(reserved)
-                    if waitsForRoom { nodeRoom.arrived() }
-                }
+                // Committed or refused, the row is where the timekeeper's next read finds it, or never will be.
+                defer { if waitsForRoom { nodeRoom.arrived() } }
+                if case .success(.created) = result {} else { giveBack(reserved) }
                 switch result {
                 case .success(.created):
                     takeIn(created, spec.graph, nodes, reserved: reserved, completion)
-                    if waitsForRoom { nodeRoom.arrived() }
                 case .success(.existing(let existing)):
                     queue.async { [self] in
                         let shown = runs[existing.id].map(shownRecord) ?? existing

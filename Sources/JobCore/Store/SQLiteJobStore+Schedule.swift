@@ -29,11 +29,11 @@ extension SQLiteJobStore {
             var found: [(job: JobRecord, nodes: [NodeRecord])] = []
             var nodesRead = 0
             for job in jobs {
+                if nodesRead > maxNodes { break }
                 if skipping(job.id) {
                     found.append((job, []))
                     continue
                 }
-                if nodesRead > maxNodes { break }
                 nodeStatement.reset()
                 nodeStatement.bind(1, job.id)
                 var nodes: [NodeRecord] = []
