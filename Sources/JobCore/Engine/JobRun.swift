@@ -47,6 +47,10 @@ final class JobRun: @unchecked Sendable {
         self.engine = engine
         self.graph = graph
         self.record = record
+        // The submitted request is stored with the job's creation and never written again (updates leave it, and
+        // reads do not show it): the run keeps its graph instead, not the JSON it was parsed from, which for a
+        // job of 100,000 fetches is 14 MB more.
+        self.record.request = .null
         self.nodes = nodes
         self.deferreds = Array(repeating: nil, count: graph.nodes.count)
         self.unsettledNodes = nodes.filter { !$0.state.isSettled }.count

@@ -53,9 +53,10 @@ public struct FetchResponse: Sendable {
     /// The fetch node's result object of API.md §1.2:
     /// `{"status","headers","body","body_encoding","bytes","elapsed_ms","url"}` in that order.
     public var json: JSONValue {
-        // Made to its size: a job holds one per fetch while it runs (`+` left each about twice as large).
+        // Made to its size: a job holds one per fetch while it runs (`+` left each about twice as large, and room
+        // for all ten members a third larger than the usual seven).
         var members: [JSONMember] = []
-        members.reserveCapacity(10)
+        members.reserveCapacity(7 + (httpVersion == nil ? 0 : 1) + (coalesced == nil ? 0 : 1) + (cacheOutcome == nil ? 0 : 1))
         members.append(JSONMember("status", .int(status)))
         members.append(JSONMember("headers", .object(headers.map { JSONMember($0.name, .string($0.value)) })))
         members.append(JSONMember("body", body))

@@ -122,6 +122,10 @@ public struct JobRecord: Equatable, Sendable {
 }
 
 /// A node as stored (API.md §2, `GET /v1/jobs/{id}/nodes`).
+///
+/// A job of 100,000 nodes holds one record per node in memory, and a copy of each change queued for the store, so
+/// the record is kept small (200 bytes, where plain optionals made it 304): its optional numbers are stored as one
+/// word each, `Int64.min` standing for `nil`, and its error, which few nodes have, in a box.
 public struct NodeRecord: Equatable, Sendable {
     public var jobID: String
     public var id: String
@@ -132,22 +136,47 @@ public struct NodeRecord: Equatable, Sendable {
     /// `fetch`, `list` or `sequence`.
     public var type: String
     public var state: NodeState
-    public var attempts: Int
-    public var startedAt: Int64?
-    public var finishedAt: Int64?
-    public var elapsedMs: Int?
-    /// The HTTP status of a fetch's last response.
-    public var status: Int?
-    public var error: NodeError?
     public var recovered: Bool
+    public var attempts: Int
+    public var startedAt: Int64? {
+        get { Self.unpack(startedAtWord) }
+        set { startedAtWord = Self.pack(newValue) }
+    }
+    public var finishedAt: Int64? {
+        get { Self.unpack(finishedAtWord) }
+        set { finishedAtWord = Self.pack(newValue) }
+    }
+    public var elapsedMs: Int? {
+        get { Self.unpack(elapsedMsWord).map(Int.init) }
+        set { elapsedMsWord = Self.pack(newValue.map(Int64.init)) }
+    }
+    /// The HTTP status of a fetch's last response.
+    public var status: Int? {
+        get { Self.unpack(statusWord).map(Int.init) }
+        set { statusWord = Self.pack(newValue.map(Int64.init)) }
+    }
+    public var error: NodeError? {
+        get { errorBox?.error }
+        set { errorBox = newValue.map(ErrorBox.init) }
+    }
     public var result: JSONValue?
     /// For a fetch that has started: the request it sent, credentials included (API.md §6.3; see `RequestRecord`).
     public var request: JSONValue? = nil
     /// For a paginated fetch that has started: the pages fetched so far (API.md §7.2).
-    public var pages: Int? = nil
+    public var pages: Int? {
+        get { Self.unpack(pagesWord).map(Int.init) }
+        set { pagesWord = Self.pack(newValue.map(Int64.init)) }
+    }
     /// Storage only: where the store may take `result` from rather than write it again (its children's results,
     /// or the stored response body); set by the engine when the node succeeds, read back from `result_ref`.
     public var resultSource: ResultSource? = nil
+
+    private var startedAtWord = Int64.min
+    private var finishedAtWord = Int64.min
+    private var elapsedMsWord = Int64.min
+    private var statusWord = Int64.min
+    private var pagesWord = Int64.min
+    private var errorBox: ErrorBox?
 
     public init(
         jobID: String, id: String, parent: String?, position: Int, type: String, state: NodeState = .pending,
@@ -160,14 +189,25 @@ public struct NodeRecord: Equatable, Sendable {
         self.position = position
         self.type = type
         self.state = state
+        self.recovered = recovered
         self.attempts = attempts
+        self.result = result
         self.startedAt = startedAt
         self.finishedAt = finishedAt
         self.elapsedMs = elapsedMs
         self.status = status
         self.error = error
-        self.recovered = recovered
-        self.result = result
+    }
+
+    /// `Int64.min` is no time, duration, status or count a node records; it stands for `nil`.
+    private static func pack(_ value: Int64?) -> Int64 { value ?? .min }
+    private static func unpack(_ word: Int64) -> Int64? { word == .min ? nil : word }
+
+    /// A node's error, shared by the copies of its record; compared by value.
+    private final class ErrorBox: Equatable, Sendable {
+        let error: NodeError
+        init(_ error: NodeError) { self.error = error }
+        static func == (a: ErrorBox, b: ErrorBox) -> Bool { a === b || a.error == b.error }
     }
 }
 
