@@ -186,6 +186,52 @@ extension WriteQueueTests {
     }
 }
 
+extension WriteQueueTests {
+    /// State changes of `count` nodes in one op.
+    static func manyChanges(_ count: Int) -> WriteOp {
+        .changes(Changes(jobs: [], nodes: (0..<count).map {
+            NodeRecord(jobID: "j", id: "n\($0)", parent: nil, position: $0, type: "fetch", state: .running)
+        }, bodies: []))
+    }
+
+    /// While the writer gathers, state changes past `absorbedRecords` records go to it to be merged, not held in
+    /// the queue; the batch that ends the gathering carries only what came after.
+    func testChangesGatheredPastTheBoundGoToTheWriterWhileItWaits() {
+        let queue = WriteQueue()
+        XCTAssertTrue(queue.push(Self.manyChanges(WriteQueue.absorbedRecords)))
+        var absorbed: [Int] = []
+        let batch = queue.take(gatheringChangesUntilMs: anHourFromNow) { changes in
+            absorbed += changes.flatMap { $0.nodes.map(\.position) }
+            // What ends the gathering comes while the writer merges.
+            _ = queue.push(.committed(WriteTicket<Void>()))
+        }
+        XCTAssertEqual(absorbed, Array(0..<WriteQueue.absorbedRecords), "every change went to the writer, in order")
+        XCTAssertEqual(batch?.count, 1)
+        if case .committed? = batch?.first {} else { XCTFail("only the flush is left: \(String(describing: batch))") }
+        queue.close()
+    }
+
+    /// Fewer records than the bound stay queued; a batch comes even when every change went to the writer, so that
+    /// what it merged is written, and closing ends the queue after it.
+    func testChangesMergedWhileGatheringAreWrittenWithABatchEvenAnEmptyOne() {
+        let queue = WriteQueue()
+        XCTAssertTrue(queue.push(Self.manyChanges(WriteQueue.absorbedRecords - 1)))
+        XCTAssertEqual(queue.take(gatheringChangesUntilMs: 0) { _ in XCTFail("under the bound nothing is merged early") }?.count, 1)
+        XCTAssertTrue(queue.push(Self.manyChanges(WriteQueue.absorbedRecords + 1)))
+        var merged = 0
+        let batch = queue.take(gatheringChangesUntilMs: anHourFromNow) { changes in
+            merged += changes.reduce(0) { $0 + $1.count }
+            queue.close()
+        }
+        XCTAssertEqual(merged, WriteQueue.absorbedRecords + 1)
+        guard case .changes(let empty)? = batch?.first, batch?.count == 1 else {
+            return XCTFail("one empty batch of changes: \(String(describing: batch))")
+        }
+        XCTAssertTrue(empty.isEmpty)
+        XCTAssertNil(queue.take(gatheringChangesUntilMs: 0), "closed and drained")
+    }
+}
+
 /// Whether the watchdog fired, written on its queue and read by the test.
 private final class Flags: @unchecked Sendable {
     // @unchecked: `value` is read and written only with `lock` held.
