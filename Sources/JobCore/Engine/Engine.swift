@@ -109,6 +109,8 @@ public final class Engine: @unchecked Sendable {
     private var jobLoadFailures = 0
     /// Owned by `queue`: the running and waiting jobs of each concurrency key (API.md §8).
     var gate = ConcurrencyGate()
+    /// Owned by `queue`: fetch results share their `headers` objects where they agree.
+    let headerObjects = HeaderObjects()
     /// Jobs waiting in the store for their `not_before`, and the one timer for the earliest (API.md §8).
     let timekeeper = Timekeeper()
     /// The nodes of the jobs in memory, against `configuration.maxActiveNodes`; jobs over it wait in the store.

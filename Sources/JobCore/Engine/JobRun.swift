@@ -238,7 +238,7 @@ final class JobRun: @unchecked Sendable {
         }
         switch outcome.result {
         case .success(let response):
-            let json = response.json
+            let json = response.json(headers: engine.headerObjects.object(response.headers))
             _ = try? d.takeResult(json)
             // Settled by now (the chain runs at once): its result may be stored without the body it repeats.
             markBodyResult(i, response, json: json, stored: outcome.lastResponse)
