@@ -502,6 +502,19 @@ class EngineTests: EngineTestCase {
         XCTAssertEqual(try engine.job(id: a.id)?.state, .running)
     }
 
+    /// A running job keeps no more of its submitted request than its `notify` URL, from which reads show its
+    /// delivery pending; a job without `notify` keeps none of it.
+    func testARunningJobKeepsOnlyTheNotifyURLOfItsRequest() throws {
+        let engine = try makeEngine()
+        let hang = #"{"type":"fetch","url":\#(u("/hang"))}"#
+        let with = try submit(engine, #"{"graph":\#(hang),"notify":{"url":"https://hooks.local/x"}}"#)
+        let without = try submit(engine, #"{"graph":\#(hang)}"#)
+        XCTAssertEqual(try engine.job(id: with.id)?.notifyURL, "https://hooks.local/x")
+        XCTAssertEqual(try engine.job(id: with.id)?.request, .object(["notify": .object(["url": "https://hooks.local/x"])]))
+        XCTAssertEqual(try engine.job(id: without.id)?.request, .null)
+        XCTAssertNil(try engine.job(id: without.id)?.notifyURL)
+    }
+
     // MARK: - Sequences
 
     func testSequenceSucceedsWithTheArrayInOrder() throws {

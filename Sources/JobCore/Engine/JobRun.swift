@@ -49,8 +49,9 @@ final class JobRun: @unchecked Sendable {
         self.record = record
         // The submitted request is stored with the job's creation and never written again (updates leave it, and
         // reads do not show it): the run keeps its graph instead, not the JSON it was parsed from, which for a
-        // job of 100,000 fetches is 14 MB more.
-        self.record.request = .null
+        // job of 100,000 fetches is 14 MB more. Only its `notify` URL is kept: reads of a live job show the
+        // delivery pending from it (`JobRecord.notifyURL`).
+        self.record.request = record.notifyURL.map { .object(["notify": .object(["url": .string($0)])]) } ?? .null
         self.nodes = nodes
         self.deferreds = Array(repeating: nil, count: graph.nodes.count)
         self.unsettledNodes = nodes.filter { !$0.state.isSettled }.count
