@@ -98,21 +98,19 @@ public final class HeaderObjects {
 
     /// The `headers` object of `fields`.
     public func object(_ fields: [(name: String, value: String)]) -> JSONValue {
-        var same = fields.count == last.count
-        var members: [JSONMember] = []
-        members.reserveCapacity(fields.count)
-        for (k, field) in fields.enumerated() {
-            if k < last.count, last[k].key == field.name, case .string(let value) = last[k].value, value == field.value {
-                members.append(last[k])
-            } else {
-                same = false
-                members.append(JSONMember(field.name, .string(field.value)))
-            }
+        // The same fields: the last object, with no members built (the usual case, once per fetch).
+        if fields.count == last.count, fields.indices.allSatisfy({ repeats(fields[$0], at: $0) }) { return lastObject }
+        last = fields.indices.map { k in
+            repeats(fields[k], at: k) ? last[k] : JSONMember(fields[k].name, .string(fields[k].value))
         }
-        if same { return lastObject }
-        last = members
-        lastObject = .object(members)
+        lastObject = .object(last)
         return lastObject
+    }
+
+    /// Whether `field` is the last object's member at `k`.
+    private func repeats(_ field: (name: String, value: String), at k: Int) -> Bool {
+        guard k < last.count, last[k].key == field.name, case .string(let value) = last[k].value else { return false }
+        return value == field.value
     }
 
     /// The `headers` object of `fields`, shared with no other.
