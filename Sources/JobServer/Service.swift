@@ -56,7 +56,7 @@ final class Service: @unchecked Sendable {
             let folder = URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path
             do {
                 try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-                store = try SQLiteJobStore(path: config.dbPath, logger: logger)
+                store = try SQLiteJobStore(path: config.dbPath, logger: logger, maxHeldChanges: config.maxActiveNodes)
             } catch {
                 throw StartupError(step: "open the store at \(config.dbPath)", underlying: error)
             }
