@@ -48,6 +48,8 @@ final class App: @unchecked Sendable {
     private let engine: Engine
     private let fetcher: Fetcher
     private let config: ServerConfig
+    /// Where large node lists are written (`ServerConfig.answerSpool`).
+    private let spool: AnswerSpool
     private let logger: Logger
     private let auth: BearerAuth?
     /// Serial queues, each with a thread of its own while it has work: a submission (up to 1 MiB) is parsed and
@@ -86,6 +88,7 @@ final class App: @unchecked Sendable {
         self.engine = engine
         self.fetcher = fetcher
         self.config = config
+        self.spool = config.answerSpool
         self.logger = logger
         self.auth = config.token.map(BearerAuth.init(token:))
         self.eventStreams = EventStreams(engine: engine, logger: logger, keepAliveIntervalMs: config.eventsKeepAliveMs)
@@ -445,13 +448,17 @@ final class App: @unchecked Sendable {
         let id = request.pathParameters["id"] ?? ""
         engine.nodeList(jobID: id, includeResults: includeResult) { [self] result in
             switch result {
+            case .success(.nodes(let nodes)) where includeResult:
+                exchange.send(Self.json(200, Presentation.nodeListBytes(nodes)))
             case .success(.nodes(let nodes)):
-                exchange.send(Self.json(200, Presentation.nodeList(nodes, includeResult: includeResult)))
+                do {
+                    exchange.send(Self.answer(try Presentation.nodeListWithoutResultsAnswer(nodes, spool: spool)))
+                } catch {
+                    exchange.send(internalError(error, exchange))
+                }
             case .success(.shown(let shown)):
-                var answer = Self.json(200, shown.bytes)
                 // Readers of the same job's nodes meanwhile share this copy (or file).
-                Self.attach(shown, to: &answer)
-                exchange.send(answer)
+                exchange.send(Self.answer(shown))
             case .success(.notFound):
                 exchange.send(Self.jobNotFound(id))
             case .failure(let error):
@@ -547,6 +554,13 @@ final class App: @unchecked Sendable {
     /// A JSON answer already shown.
     static func json(_ status: Int, _ body: [UInt8]) -> HTTPResponse {
         HTTPResponse(status: status, headers: HTTPHeaders([("Content-Type", "application/json")]), body: body)
+    }
+
+    /// A `200` of an answer already shown, sent from its file if it is kept in one, which it holds meanwhile.
+    static func answer(_ shown: SettledAnswer) -> HTTPResponse {
+        var response = json(200, shown.bytes)
+        attach(shown, to: &response)
+        return response
     }
 
     /// Makes `response` send `answer` from its file, if it is kept in one (unless `response` has no body: a `304`),

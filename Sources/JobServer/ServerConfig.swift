@@ -44,8 +44,16 @@ struct ServerConfig: Equatable {
     /// Failed webhook deliveries are retried until this long after the job settled.
     var webhookRetryForMs: Int64 = 86_400_000
     /// A stored settled job's answer, or its node list with results, about this large or larger is written to a
-    /// temporary file beside the SQLite file and sent from there (`AnswerSpool`; tests lower it). No flag.
+    /// temporary file beside the SQLite file and sent from there (`AnswerSpool`; tests lower it). No flag. So is a
+    /// node list without results, live or stored.
     var spoolAnswerBytes = 8 << 20
+    /// Where large answers are written: beside the SQLite file (on PostgreSQL, none is: no answer is written from
+    /// the rows there, and a node list is made in memory).
+    var answerSpool: AnswerSpool {
+        AnswerSpool(
+            directory: usesPostgres ? nil : URL(fileURLWithPath: dbPath).deletingLastPathComponent().path,
+            thresholdBytes: spoolAnswerBytes)
+    }
     /// How often an event stream gets a keep-alive comment (API.md §8 says 15 s; tests shorten it). No flag.
     var eventsKeepAliveMs = 15_000
 }
