@@ -5,8 +5,8 @@
 # state change are in it, and again from the command line with two curl processes; the server runs with
 # default flags but as many transfers at once as curl (`--max-per-host 64 --max-concurrent-fetches 64`) and the
 # limits the size needs (`--max-nodes`, `--max-request-bytes`, and the memory bounds off: `--max-job-bytes 0
-# --max-response-memory 0`, since 100,000 KiB is over the default 64MiB budgets, and `--max-active-nodes 0`, with which
-# the store writes a job of more nodes than the bound as its fetches run, docs/architecture.md). Each size runs RUNS
+# --max-response-memory 0`, since 100,000 KiB is over the default 64MiB budgets, and `--max-active-nodes 0`: with the
+# bound, a job of more nodes has its state changes written as its fetches run, docs/architecture.md). Each size runs RUNS
 # times (default 5), curl then the job (twice), on one server with a fresh SQLite file per size: median and min–max.
 # Target: job <= 1.1x curl.
 # SIZES (default "1000 10000 100000"), RUNS and CONFIG (release, or debug for a quick check) may be set.

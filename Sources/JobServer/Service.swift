@@ -24,7 +24,11 @@ final class Service: @unchecked Sendable {
 
     /// The engine over `store`, its answers shown as `Presentation` says; not started.
     static func engine(store: JobStore, fetcher: Fetcher, config: ServerConfig, logger: Logger) -> Engine {
-        let spool = config.answerSpool
+        // Large answers are written to temporary files beside the SQLite file (on PostgreSQL no answer is written
+        // from the rows).
+        let spool = AnswerSpool(
+            directory: config.usesPostgres ? nil : URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path,
+            thresholdBytes: config.spoolAnswerBytes)
         return Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
             renderSettled: Presentation.jobBytes,
             renderSettledWithResultText: { try Presentation.jobAnswer($0, result: $1, spool: spool) },
@@ -52,7 +56,7 @@ final class Service: @unchecked Sendable {
             let folder = URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path
             do {
                 try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
-                store = try SQLiteJobStore(path: config.dbPath, logger: logger, maxHeldChanges: config.maxActiveNodes)
+                store = try SQLiteJobStore(path: config.dbPath, logger: logger)
             } catch {
                 throw StartupError(step: "open the store at \(config.dbPath)", underlying: error)
             }

@@ -49,6 +49,34 @@ final class EngineWriteUrgencyTests: EngineTestCase {
     }
 }
 
+extension EngineWriteUrgencyTests {
+    /// A job larger than the node bound, which runs alone, has its changes handed to the store as urgent as it runs,
+    /// so that the writer does not hold them all until it settles; a job within the bound has none of its fetches'
+    /// ends urgent (they may all be repeated).
+    func testAJobLargerThanTheNodeBoundHasItsChangesWrittenAsItRuns() throws {
+        let recorder = RecordingStore.Batches([])
+        let engine = try makeEngine(
+            configure: { $0.maxActiveNodes = 8 }, store: { RecordingStore(base: $0, batches: recorder) })
+        // (fetches under the list, whether a change is urgent before the job settles)
+        let rows: [(what: String, fetches: Int, urgent: Bool)] = [
+            ("8 nodes, the bound", 7, false),
+            ("31 nodes, over the bound", 30, true),
+        ]
+        for row in rows {
+            recorder.withLock { $0.removeAll() }
+            let children = (0..<row.fetches).map { i in
+                let url = upstream.url("/echo?i=\(i)")
+                return #"{"type":"fetch","url":"\#(url)"}"#
+            }
+            let job = try submit(engine, #"{"graph":{"type":"list","children":[\#(children.joined(separator: ","))]}}"#)
+            XCTAssertEqual(try settled(engine, job.id).state, .succeeded, row.what)
+            let batches = recorder.withLock { $0 }
+            let beforeSettling = batches.prefix { !$0.settledNodes.contains(NodeKey(jobID: job.id, position: 0)) }
+            XCTAssertEqual(beforeSettling.contains(where: \.urgent), row.urgent, row.what)
+        }
+    }
+}
+
 /// A store that hands everything to `base` and keeps, for each batch of state changes the engine queues, which nodes
 /// it settles and whether it was urgent.
 private final class RecordingStore: JobStore {

@@ -187,40 +187,6 @@ extension WriteQueueTests {
 }
 
 extension WriteQueueTests {
-    /// An idle writer holds state changes until they reach its bound, counting those it merged while it gathered,
-    /// and is then raised to write them; without a bound it holds them however many they are.
-    func testAnIdleWriterIsRaisedOnceItHoldsItsBoundOfStateChanges() throws {
-        let me = try writerThread()
-        defer { IdlePriority.set(false, thread: me) }
-        let bound = WriteQueue.absorbedRecords + 10
-        let rows: [(what: String, maxHeld: Int, held: Int, raised: Bool)] = [
-            ("one record under the bound", bound, bound - 1, false),
-            ("at the bound", bound, bound, true),
-            ("no bound", 0, bound * 4, false),
-        ]
-        for row in rows {
-            let queue = WriteQueue(maxHeldRecords: row.maxHeld)
-            queue.maxIdleLagMs = 3_600_000
-            queue.writerStarted(logger: Logger(label: "test", minimumLevel: .error))
-            XCTAssertTrue(queue.push(Self.changes(1)))
-            XCTAssertEqual(positions(queue.take(gatheringChangesUntilMs: 0)), [1])
-            XCTAssertTrue(queue.writerAtIdlePriority, "\(row.what): idle for state changes alone")
-            // The first op's records go to the writer while it gathers; what is pushed after them counts on.
-            XCTAssertTrue(queue.push(Self.manyChanges(WriteQueue.absorbedRecords)))
-            var merged = 0
-            let batch = queue.take(gatheringChangesUntilMs: anHourFromNow) { changes in
-                merged += changes.reduce(0) { $0 + $1.count }
-                _ = queue.push(Self.manyChanges(row.held - WriteQueue.absorbedRecords))
-                XCTAssertEqual(queue.writerAtIdlePriority, !row.raised, "\(row.what): after the records it holds")
-                // Ends the gathering in every row.
-                _ = queue.push(.committed(WriteTicket<Void>()))
-            }
-            XCTAssertEqual(merged, WriteQueue.absorbedRecords, row.what)
-            XCTAssertEqual(batch?.count, 2, "\(row.what): what came after the merge, and the flush")
-            queue.close()
-        }
-    }
-
     /// State changes of `count` nodes in one op.
     static func manyChanges(_ count: Int) -> WriteOp {
         .changes(Changes(jobs: [], nodes: (0..<count).map {

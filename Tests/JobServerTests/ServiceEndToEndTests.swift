@@ -1,8 +1,8 @@
 import Foundation
+import JobCore
 import TestSupport
 import XCTest
 
-@testable import JobCore
 @testable import JobServer
 
 /// The whole service on a real socket (port 0), driven by a raw HTTP/1.1 client.
@@ -73,18 +73,6 @@ final class ServiceEndToEndTests: XCTestCase {
         let head = try send("HEAD", location)
         XCTAssertEqual(head.status, 200)
         XCTAssertTrue(head.body.isEmpty)
-    }
-
-    /// The store's writer holds, at idle priority, as many state changes as nodes may be in memory
-    /// (`--max-active-nodes`), and with no bound on those, none on these.
-    func testTheStoreWriterHoldsAsManyStateChangesAsNodesMayBeInMemory() throws {
-        for bound in [1_234, 0] {
-            try startService { $0.maxActiveNodes = bound }
-            let store = try XCTUnwrap(service?.engine.store as? SQLiteJobStore)
-            XCTAssertEqual(store.maxHeldChanges, bound)
-            service?.shutdown()
-            service = nil
-        }
     }
 
     func testUnknownRouteIs404AndWrongMethodIs405WithAllow() throws {

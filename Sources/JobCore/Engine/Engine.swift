@@ -1322,6 +1322,7 @@ public final class Engine: @unchecked Sendable {
                     urgent = true
                 }
             }
+            if writesAsItRuns(run) { urgent = true }
             bodies.append(contentsOf: run.pendingBodies)
             run.dirtyJob = false
             run.dirtyNodes.removeAll(keepingCapacity: true)
@@ -1332,6 +1333,24 @@ public final class Engine: @unchecked Sendable {
             notifyWaiters(run)
             if run.record.state.isSettled && run.unsettledNodes == 0 { retire(run) }
         }
+    }
+
+    /// Whether the store should write `run`'s changes now, with those it holds, rather than hold them on: every
+    /// `maxActiveNodes / 2` node changes of a job larger than that bound, which runs alone (a node makes two: it
+    /// starts, it settles). The store's writer holds changes at idle priority until a job settles (docs/store.md),
+    /// which within the bound is at most the bound's worth. Held to the end, a job of 100,000 fetches of a 21-byte
+    /// file had 100,000 records in the writer's table and 96,000 more in its queue, which the idle writer found no
+    /// CPU time to merge: 60 MB of its 278 MB heap peak (heaptrack), and 367–372 MiB of RSS. Written every 10,000
+    /// changes as its fetches run, it peaks at 238–250 MiB (four runs; 245–289 every 20,000). Counted per job, not
+    /// in the store: a bound on all the changes the writer holds was reached by a job of 10,000 fetches too, whose
+    /// early write made it 8 % slower (512 against 474 ms, medians of 8 alternated).
+    private func writesAsItRuns(_ run: JobRun) -> Bool {
+        let bound = configuration.maxActiveNodes
+        guard bound > 0, run.nodes.count > bound else { return false }
+        run.changesHeld += run.dirtyNodes.count
+        guard run.changesHeld >= bound / 2 else { return false }
+        run.changesHeld = 0
+        return true
     }
 
     private func notifyWaiters(_ run: JobRun) {

@@ -36,6 +36,8 @@ final class JobRun: @unchecked Sendable {
     var pendingBodies: [(jobID: String, nodeID: String, body: StoredBody)] = []
     /// The nodes this run holds of `Engine.nodeRoom`, given back when the engine forgets it.
     var roomHeld = 0
+    /// Node changes handed to the store since it was last asked to write them at once (`Engine.flushDirty`).
+    var changesHeld = 0
     /// Requests built from references when their node started, until their transfer begins (API.md §6.2).
     var resolvedRequests: [Int: FetchRequest] = [:]
     /// The job's response byte budget (`--max-job-bytes`), made when first asked for; `nil`: none.

@@ -48,16 +48,14 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     private var closed = false
 
     /// Opens (creating the file and its folder) and migrates.
-    /// - Parameter maxHeldChanges: how many records of state changes the writer holds at idle priority before it
-    ///   writes them (`WriteQueue.maxHeldRecords`); 0: no bound. The server gives it `--max-active-nodes`.
     /// - Throws: `StoreError` of kind `open` or `migrate`.
-    public convenience init(path: String, logger: Logger = .disabled, maxHeldChanges: Int = 0) throws {
-        try self.init(path: path, logger: logger, busyTimeoutMs: 5000, maxHeldChanges: maxHeldChanges)
+    public convenience init(path: String, logger: Logger = .disabled) throws {
+        try self.init(path: path, logger: logger, busyTimeoutMs: 5000)
     }
 
-    /// As `init(path:logger:maxHeldChanges:)`; the writer waits at most `busyTimeoutMs` for a
+    /// As `init(path:logger:)`; the writer waits at most `busyTimeoutMs` for a
     /// write lock held by another process (only tests lower it).
-    init(path: String, logger: Logger, busyTimeoutMs: Int32, maxHeldChanges: Int = 0) throws {
+    init(path: String, logger: Logger, busyTimeoutMs: Int32) throws {
         self.path = path
         self.logger = logger
         // Readers open the file again on their own connections, so it must be a real file.
@@ -73,7 +71,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
             connection.close()
             throw error
         }
-        let queue = WriteQueue(maxHeldRecords: maxHeldChanges)
+        let queue = WriteQueue()
         let writer = StoreWriter(connection: connection, logger: logger)
         self.queue = queue
         self.writerStatus = writer.status
@@ -87,9 +85,6 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     }
 
     deinit { close() }
-
-    /// How many records of state changes the writer holds at idle priority before it writes them; 0: no bound.
-    var maxHeldChanges: Int { queue.maxHeldRecords }
 
     /// Waits until the writer has copied everything committed from the WAL into the database file, which it does
     /// once nothing has been queued for `StoreWriter.idleCheckpointMs` (tests); false if that took longer than
@@ -122,7 +117,11 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     }
 
     public func enqueue(unstoredNodes nodes: [NodeRecord]) {
-        queue.push(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: nodes), logger: logger)
+        // Many are taken at once, not on idle CPU time: they wait as a few words each in the writer's table
+        // (`PendingChanges.unchanged`), but as whole records in the queue, 20 MB for a job of 100,000 fetches, which an
+        // idle writer found no CPU time to take while the job ran.
+        let urgent = nodes.count >= WriteQueue.absorbedRecords
+        queue.push(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: nodes, urgent: urgent), logger: logger)
     }
 
     /// Queues the changes for the writer's next batch; only the last record of a job or node in a batch is written,
@@ -582,10 +581,9 @@ final class WriteQueue: @unchecked Sendable {
     /// (`writerStarted`). It then holds state changes alone, which nobody waits for, and writes them at idle priority
     /// (`IdlePriority`), taking only CPU time the fetcher, the engine and the event loops leave. It is raised back to
     /// its own priority, and writes what it holds, as soon as an op somebody waits on is queued (a submission's
-    /// commit, a flush, a delete), urgent changes come (a job settles, a fetch that may not be repeated ends), it holds
-    /// `maxHeldRecords`, or the first state change held has waited `maxIdleLagMs` (`gatherUntil`). That bounds what
-    /// the queue holds, and what a crash makes the server do again: idempotent fetches that ended in those last
-    /// seconds.
+    /// commit, a flush, a delete), urgent changes come (a job settles, a fetch that may not be repeated ends), or the
+    /// first state change held has waited `maxIdleLagMs` (`gatherUntil`). That bounds what the queue holds, and what
+    /// a crash makes the server do again: idempotent fetches that ended in those last seconds.
     private var idleWriter: Int32?
     /// Whether the writer is at idle priority now.
     private var writerIsIdle = false
@@ -607,20 +605,6 @@ final class WriteQueue: @unchecked Sendable {
     /// 100,000 fetches of one job were 200,000 records (40 MB) in the queue until it settled, and then as many again
     /// in the writer's table, one per node.
     static let absorbedRecords = 4_096
-    /// Records of state changes queued since the writer last took a batch, merged while it gathered or not.
-    private var heldRecords = 0
-    /// How many records of state changes an idle writer holds before it is raised to write them; 0: no bound (until
-    /// the lag is up or something raises it). Held until it settled, a job of 100,000 fetches was 100,000 records in
-    /// the writer's table and 96,000 more in the queue, which the writer at idle priority found no CPU time to merge:
-    /// 60 MB of its 278 MB heap peak (heaptrack), and 367–372 MiB of RSS. Written 20,000 at a time (the server's
-    /// default `--max-active-nodes`) as its fetches ran, it peaked at 173 MB of heap and 243–247 MiB of RSS, and took
-    /// 5.1–5.3 s rather than 4.2–5.1: the writes then share the CPU with the fetches rather than follow the answer.
-    let maxHeldRecords: Int
-
-    /// - Parameter maxHeldRecords: `maxHeldRecords`; 0: no bound.
-    init(maxHeldRecords: Int = 0) {
-        self.maxHeldRecords = maxHeldRecords
-    }
 
     /// Queues state changes; once the queue is closed they are dropped, with a warning.
     func push(_ changes: Changes, logger: Logger) {
@@ -654,7 +638,6 @@ final class WriteQueue: @unchecked Sendable {
             urgent = urgent || changes.urgent
             let before = queuedRecords
             queuedRecords += changes.count
-            heldRecords += changes.count
             // The writer merges them now (it waits for it while it gathers).
             if before < Self.absorbedRecords, queuedRecords >= Self.absorbedRecords { wakes = true }
         } else if !awaited {
@@ -690,11 +673,10 @@ final class WriteQueue: @unchecked Sendable {
     /// Whether the writer is at idle priority now (tests).
     var writerAtIdlePriority: Bool { monitor.withLock { writerIsIdle } }
 
-    /// Whether what is queued wants the writer at its own priority: an op somebody waits on, urgent changes,
-    /// `maxHeldRecords` held, or a first op that has waited `maxIdleLagMs`. With `monitor` held.
+    /// Whether what is queued wants the writer at its own priority: an op somebody waits on, urgent changes, or a
+    /// first op that has waited `maxIdleLagMs`. With `monitor` held.
     private var writerIsWanted: Bool {
-        awaited || urgent || (maxHeldRecords > 0 && heldRecords >= maxHeldRecords)
-            || ((!ops.isEmpty || holding) && Timestamp.monotonicMs() - queuedSinceMs >= lagMs)
+        awaited || urgent || ((!ops.isEmpty || holding) && Timestamp.monotonicMs() - queuedSinceMs >= lagMs)
     }
 
     /// Moves the writer to idle priority or back; with `monitor` held. A refusal leaves it where it was.
@@ -781,7 +763,6 @@ final class WriteQueue: @unchecked Sendable {
         if idleWriter != nil { setWriterPriority(idle: !closed && !writerIsWanted) }
         urgent = false
         queuedRecords = 0
-        heldRecords = 0
         let held = holding
         holding = false
         // Changes the writer merged while it gathered are written with this batch, even an empty one.
