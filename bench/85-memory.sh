@@ -12,7 +12,7 @@
 #   (vi)  the same with `--max-active-nodes 0` (no bound),
 #   (vii) one job of BIG_NODES (default 99,999) fetches of the TINY_BYTES file, with the `--max-nodes` and
 #         `--max-request-bytes` it needs: a job larger than the node bound, which runs alone, its state changes
-#         written as they reach the bound,
+#         written as it runs (each time half the bound's worth have come),
 # each on a fresh server and SQLite file. Measured from /proc/<pid>/status: the peak RSS until the jobs settled
 # (VmHWM), the peak until the store has written them and they have left memory (the engine keeps a settled job
 # until its last state is committed; `jobserver_nodes` on /metrics counts the nodes of the jobs in memory), the RSS
@@ -165,8 +165,8 @@ jobserver ($CONFIG, default flags: \`--max-job-bytes 64MiB\`, \`--max-response-m
 server and SQLite file: jobs that are a \`list\` of fetches of one file (each URL its own), submitted at once. The last
 three rows are about memory that goes with nodes rather than results: with the default \`--max-active-nodes\`, two of
 the $NODE_JOBS jobs of $((NODES + 1)) nodes are in memory at a time and the others wait in the store; the next row
-has no bound; the last is one job larger than the bound, which runs alone, the store writing its state changes as
-they reach the bound.
+has no bound; the last is one job larger than the bound, which runs alone, the store writing its state changes as it
+runs (each time half the bound's worth have come).
 RSS in MiB from \`/proc/<pid>/status\`: at start; the peak until all had settled (\`VmHWM\`, waiting on the job
 list, which carries no results); the peak until the store had written them and they had left memory (the engine
 keeps a settled job until its last state is committed; \`jobserver_nodes\` on \`/metrics\` counts the nodes in
