@@ -752,7 +752,6 @@ final class FetchLoop: @unchecked Sendable {
         } ?? transfer.request.url
         var versionCode = 0
         ccurl_easy_getinfo_long(easy, CURLINFO_HTTP_VERSION, &versionCode)
-        let detail = transfer.errorBuffer[0] != 0 ? String(cString: transfer.errorBuffer) : String(cString: curl_easy_strerror(code))
         if code == CURLE_COULDNT_CONNECT, transfer.socketErrno == 0 {
             // connect() itself failing with EADDRNOTAVAIL means no local port was free.
             var osErrno = 0
@@ -763,7 +762,8 @@ final class FetchLoop: @unchecked Sendable {
             .map { min(max(0, $0), 60) * 1000 }
         releaseEasy(transfer, reuse: true)
 
-        let what = "\(transfer.method) \(transfer.request.url)"
+        // The words of a failure, made only for one: a transfer that succeeds needs neither.
+        var what: String { "\(transfer.method) \(transfer.request.url)" }
         var failure: NodeError
         var retryable = false
         if code == CURLE_OK {
@@ -802,6 +802,8 @@ final class FetchLoop: @unchecked Sendable {
             // The attempt's partial body is thrown away.
             transfer.budget?.giveBack(transfer.countedBytes)
             transfer.countedBytes = 0
+            let detail =
+                transfer.errorBuffer[0] != 0 ? String(cString: transfer.errorBuffer) : String(cString: curl_easy_strerror(code))
             (failure, retryable) = classify(code, transfer: transfer, what: what, detail: detail)
         }
 
