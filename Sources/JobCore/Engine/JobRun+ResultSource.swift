@@ -8,6 +8,8 @@ extension JobRun {
     /// from its child's stored error can never be assembled wrong; a child's result shares its storage with the
     /// entry, so the comparison costs about one step per child.
     func storedResultSource(_ i: Int, result: JSONValue) -> ResultSource? {
+        // Asked for every node that succeeds, most of them fetches: their graph node is not copied to learn that.
+        if case .fetch = graph.nodes[i].kind { return nil }
         let node = graph.nodes[i]
         let children: [Int]
         let options: ListOptions
