@@ -71,7 +71,8 @@ enum ResultAssembly {
 
     /// A child's place in its parent's results array, as `JobRun.entry` makes it, from the three fields of its
     /// record it reads: a record passed whole was copied, every field retained and released, for each child of a
-    /// list checked as it settles (`JobRun.storedResultSource`), 20–40 ms of a list of 100,000 fetches.
+    /// list checked as it settles (`JobRun.storedResultSource`): 46 of the check's 90 `perf` samples (at 2 kHz) as
+    /// a list of 100,000 fetches settled.
     static func entry(state: NodeState, result: JSONValue?, error: NodeError?, consumeErrors: Bool) -> JSONValue? {
         if state == .succeeded { return result }
         if consumeErrors { return .null }
