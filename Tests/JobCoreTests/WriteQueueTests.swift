@@ -38,6 +38,25 @@ final class WriteQueueTests: XCTestCase {
         return ({ state.fired }, { timer.cancel() })
     }
 
+    /// A new job's rows are handed to the writer urgent from `absorbedRecords` of them on, so that it takes them into
+    /// its compact table at once rather than holding them queued as whole records while the job runs.
+    func testANewJobsRowsAreUrgentFromAsManyAsTheWriterAbsorbs() {
+        let rows = { (count: Int) in
+            (0..<count).map { NodeRecord(jobID: "j", id: "n\($0)", parent: nil, position: $0, type: "fetch", state: .pending) }
+        }
+        let table: [(rows: Int, urgent: Bool)] = [
+            (1, false),
+            (WriteQueue.absorbedRecords - 1, false),
+            (WriteQueue.absorbedRecords, true),
+            (WriteQueue.absorbedRecords * 4, true),
+        ]
+        for row in table {
+            let changes = Changes.unstoredRows(rows(row.rows))
+            XCTAssertEqual(changes.urgent, row.urgent, "\(row.rows) rows")
+            XCTAssertEqual(changes.unstoredNodes.count, row.rows)
+        }
+    }
+
     func testChangesWaitForMoreUntilAFlushHandsThemOver() {
         let queue = WriteQueue()
         XCTAssertTrue(queue.push(Self.changes(1)))

@@ -117,11 +117,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
     }
 
     public func enqueue(unstoredNodes nodes: [NodeRecord]) {
-        // Many are taken at once, not on idle CPU time: they wait as a few words each in the writer's table
-        // (`PendingChanges.unchanged`), but as whole records in the queue, 20 MB for a job of 100,000 fetches, which an
-        // idle writer found no CPU time to take while the job ran.
-        let urgent = nodes.count >= WriteQueue.absorbedRecords
-        queue.push(Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: nodes, urgent: urgent), logger: logger)
+        queue.push(Changes.unstoredRows(nodes), logger: logger)
     }
 
     /// Queues the changes for the writer's next batch; only the last record of a job or node in a batch is written,
@@ -542,6 +538,14 @@ struct Changes {
         self.bodies = bodies.map { BodyChange(jobID: $0.jobID, nodeID: $0.nodeID, body: $0.body) }
         self.unstoredNodes = unstoredNodes
         self.urgent = urgent || jobs.contains { $0.state.isSettled }
+    }
+
+    /// New node rows, to be inserted (`JobStore.enqueue(unstoredNodes:)`). Many are urgent, taken at once rather
+    /// than on idle CPU time: they wait as a few words each in the writer's table (`PendingChanges.unchanged`), but
+    /// as whole records in the queue, 20 MB for a job of 100,000 fetches, which an idle writer found no CPU time to
+    /// take while the job ran.
+    static func unstoredRows(_ nodes: [NodeRecord]) -> Changes {
+        Changes(jobs: [], nodes: [], bodies: [], unstoredNodes: nodes, urgent: nodes.count >= WriteQueue.absorbedRecords)
     }
 
     var isEmpty: Bool { jobs.isEmpty && nodes.isEmpty && bodies.isEmpty && unstoredNodes.isEmpty }
