@@ -24,11 +24,7 @@ final class Service: @unchecked Sendable {
 
     /// The engine over `store`, its answers shown as `Presentation` says; not started.
     static func engine(store: JobStore, fetcher: Fetcher, config: ServerConfig, logger: Logger) -> Engine {
-        // Large answers are written to temporary files beside the SQLite file (on PostgreSQL no answer is written
-        // from the rows).
-        let spool = AnswerSpool(
-            directory: config.usesPostgres ? nil : URL(fileURLWithPath: config.dbPath).deletingLastPathComponent().path,
-            thresholdBytes: config.spoolAnswerBytes)
+        let spool = config.answerSpool
         return Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
             renderSettled: Presentation.jobBytes,
             renderSettledWithResultText: { try Presentation.jobAnswer($0, result: $1, spool: spool) },
