@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # The dashboard in a real browser (Debian's chromium and chromium-driver, Selenium from PyPI in a venv under
-# .build/uivenv) against two real servers (the release build, unless JOBSERVER_BIN names another), one with --token,
-# and the upstream fixture. The steps are in
+# .build/uivenv) against two real servers, one with --token, and the upstream fixture. The steps are in
 # ui_browser.py. Screenshots land in .build/ui-screenshots/; UI_SCREENSHOTS_TO_DOCS=1 also copies them to
 # docs/screenshots/ for the README.
-# The servers are the release build, as users run them: the first paints the test bounds include the server's
-# answers, and the debug build took 510 ms to list the 10,000 nodes that the release build lists in 12.
-# shellcheck source-path=SCRIPTDIR source=lib.sh
+# The servers are the release build (unless JOBSERVER_BIN names another), as users run them: the first paints the
+# test bounds include the server's answers, and the debug build took 510 ms to list the 10,000 nodes that the
+# release build lists in 12.
 if [ -z "${JOBSERVER_BIN:-}" ]; then
   (cd "$(dirname "$0")/../.." && swift build -c release --product jobserver >&2) || {
     echo "FAIL ui.test: the release build of jobserver failed" >&2
@@ -14,6 +13,7 @@ if [ -z "${JOBSERVER_BIN:-}" ]; then
   }
   JOBSERVER_BIN=.build/release/jobserver
 fi
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 
 for tool in chromium chromedriver sqlite3; do
