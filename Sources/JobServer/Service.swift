@@ -28,6 +28,7 @@ final class Service: @unchecked Sendable {
         return Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
             renderSettled: Presentation.jobBytes,
             renderSettledWithResultText: { try Presentation.jobAnswer($0, result: $1, spool: spool) },
+            renderSettledAround: { try Presentation.jobAnswer($0, result: $1, spool: .inMemory) },
             renderNodeList: Presentation.nodeListBytes,
             renderNodeListWithResultText: { try Presentation.nodeListAnswer($0, spool: spool) })
     }

@@ -156,6 +156,7 @@ class EngineTestCase: XCTestCase {
         fetcher configureFetcher: (inout FetcherConfiguration) -> Void = { _ in },
         store wrap: (JobStore) -> JobStore = { $0 },
         renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil,
+        renderSettledAround: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)? = nil,
         renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil
     ) throws -> Engine {
         let store = wrap(try makeStore(dbName: dbName))
@@ -167,7 +168,7 @@ class EngineTestCase: XCTestCase {
         configure(&config)
         let engine = Engine(
             store: store, fetcher: fetcher, configuration: config, logger: .disabled, renderSettled: renderSettled,
-            renderNodeList: renderNodeList)
+            renderSettledAround: renderSettledAround, renderNodeList: renderNodeList)
         try engine.start()
         engines.append(engine)
         return engine

@@ -51,6 +51,9 @@ public final class Engine: @unchecked Sendable {
     private var rateTimerDueNs: UInt64?
     /// The fetches waiting for a slot, and the slots taken; owned by `queue`.
     var fetchQueue: FetchQueue
+    /// The bytes of the result texts the runs hold for their waiters' answers (`JobRun.answerTexts`), kept under
+    /// `configuration.settledCacheBytes`; owned by `queue`.
+    var answerTextBytes = 0
     /// The long-polls on jobs running here; their count is published in `longPollCount`.
     var waiters = WaiterTable() {
         didSet {
@@ -98,6 +101,10 @@ public final class Engine: @unchecked Sendable {
     /// Makes a settled job's answer with its result written as text from the stored rows (`StoredResultText`);
     /// `nil`: a stored job's answer is made from its result as values (`renderSettled`).
     private let renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)?
+    /// Makes a settled job's answer in memory with its result written by the `StoredResultText` given: a running
+    /// job's, from the texts its root list's children's results were written to as they came (`AnswerTexts`);
+    /// `nil`: from its result as values (`renderSettled`).
+    private let renderSettledAround: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)?
     /// Shows a settled job's nodes with their results (in tree order); `nil`: node lists are not shared.
     private let renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])?
     /// Shows a stored settled job's nodes with their results written as text from the rows (`StoredNodeListText`);
@@ -141,6 +148,8 @@ public final class Engine: @unchecked Sendable {
     ///     by the `StoredResultText` given (the store writes it from the rows' text, never holding it as values),
     ///     into memory or a temporary file (`AnswerSink`);
     ///     `nil`: the stored job's result is read as values and `renderSettled` shows it.
+    ///   - renderSettledAround: the same answer in memory, for a job in memory whose result the given
+    ///     `StoredResultText` writes (the texts of `AnswerTexts`); `nil`: `renderSettled` shows its result.
     ///   - renderNodeList: a settled job's nodes with their results, as a read of them answers (`nodeList`); `nil`
     ///     shares nothing.
     ///   - renderNodeListWithResultText: the same, for a job read from the store, with each result written in by
@@ -150,6 +159,7 @@ public final class Engine: @unchecked Sendable {
         store: JobStore, fetcher: Fetcher, configuration: EngineConfiguration, logger: Logger,
         renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil,
         renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)? = nil,
+        renderSettledAround: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)? = nil,
         renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil,
         renderNodeListWithResultText: (@Sendable (StoredNodeListText) throws -> SettledAnswer)? = nil
     ) {
@@ -161,6 +171,7 @@ public final class Engine: @unchecked Sendable {
         self.logger = logger
         self.renderSettled = renderSettled
         self.renderSettledWithResultText = renderSettledWithResultText
+        self.renderSettledAround = renderSettledAround
         self.renderNodeList = renderNodeList
         self.renderNodeListWithResultText = renderNodeListWithResultText
         self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
@@ -1009,6 +1020,7 @@ public final class Engine: @unchecked Sendable {
             return answer([waiter], live: run, jobID: id)
         }
         waiters.add(waiter, jobID: id)
+        if waiter.takesAnswers { run?.writeAnswerTexts() }
         armTimeout(waiter, jobID: id, timeoutMs: timeoutMs)
     }
 
@@ -1068,6 +1080,7 @@ public final class Engine: @unchecked Sendable {
     func answer(_ waiters: [Waiter], live run: JobRun?, jobID id: String) {
         let live = run.map(shownRecord)
         let final = run.map { $0.record.state.isSettled && $0.unsettledNodes == 0 } ?? false
+        let texts = final ? run?.takeAnswerTexts() : nil
         // Taken here: a deletion after this turn must not be undone by keeping what is shown from it.
         let removals = settledJobs.removals
         onReadQueue {
@@ -1081,7 +1094,7 @@ public final class Engine: @unchecked Sendable {
                 if let kept = self.settledJobs[id] {
                     settled = kept
                 } else {
-                    let made = SettledJob(id: live.id, version: live.version, body: renderSettled(live))
+                    let made = self.settledAnswer(live, texts: texts) ?? SettledJob(id: live.id, version: live.version, body: renderSettled(live))
                     self.settledJobs.insert(made, ifNoRemovalSince: removals)
                     settled = made
                 }
@@ -1094,6 +1107,15 @@ public final class Engine: @unchecked Sendable {
                 }
             }
         }
+    }
+
+    /// The settled answer of `live` with its result written from the texts of its root list's children (in memory,
+    /// as `renderSettled` makes it); `nil` without texts, or when the result is not the list's entries.
+    private func settledAnswer(_ live: JobRecord, texts: AnswerTexts?) -> SettledJob? {
+        guard let texts, let renderSettledAround, case .array(let entries)? = live.result,
+            entries.count == texts.texts.count, let answer = try? renderSettledAround(live, texts.resultText(entries))
+        else { return nil }
+        return SettledJob(id: live.id, version: live.version, answer: answer)
     }
 
     fileprivate func removeWaiter(_ waiter: Waiter, jobID: String) {
@@ -1438,6 +1460,7 @@ public final class Engine: @unchecked Sendable {
     func forget(_ run: JobRun) {
         guard runs[run.id] === run else { return }
         runs[run.id] = nil
+        _ = run.takeAnswerTexts()
         giveBack(run.roomHeld)
         run.roomHeld = 0
         memoryReturn.runEnded(run.id)

@@ -44,6 +44,8 @@ final class JobRun: @unchecked Sendable {
     lazy var byteBudget: ByteBudget? = makeByteBudget()
     /// The last fetch's host key (`hostKey(of:)`).
     private var lastHostKey = ""
+    /// The root list's results written as text for a waiter's answer, once one waits (`writeAnswerTexts`).
+    var answerTexts: AnswerTexts?
 
     init(engine: Engine, graph: JobGraph, record: JobRecord, nodes: [NodeRecord]) {
         self.engine = engine
@@ -367,6 +369,7 @@ final class JobRun: @unchecked Sendable {
             nodes[i].result = value
             nodes[i].resultSource = storedResultSource(i, result: value)
             nodes[i].error = nil
+            if answerTexts != nil { writeAnswerText(i, value) }
         }
         nodes[i].finishedAt = now
         if let started = nodes[i].startedAt { nodes[i].elapsedMs = Int(now - started) }

@@ -163,6 +163,9 @@ public struct AnswerSpool: Sendable {
         self.thresholdBytes = thresholdBytes
     }
 
+    /// Every answer made in memory.
+    public static let inMemory = AnswerSpool(directory: nil, thresholdBytes: .max)
+
     /// The answer `write` writes, of about `estimate` bytes: to a temporary file when it is `thresholdBytes` or more
     /// and the file can be made, else in memory (as well when writing the file fails, e.g. on a full disk: the
     /// answer is then written again).

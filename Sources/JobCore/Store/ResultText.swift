@@ -14,6 +14,9 @@ struct ResultRow {
 /// is about to take (at least as many as it will, for a buffer reserved once).
 public struct StoredResultText {
     public let capacityBytes: Int
+    /// For a running job's list, how many of its entries are copied from the texts written as its children
+    /// succeeded (`AnswerTexts`); `nil` for a stored result.
+    var fromTexts: Int?
     let write: (inout AnswerSink) throws -> Void
 
     /// Appends the result's text to `out`.

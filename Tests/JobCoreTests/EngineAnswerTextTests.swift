@@ -1,0 +1,120 @@
+import Foundation
+import TestSupport
+import Threads
+import XCTest
+@testable import JobCore
+
+/// A long-poll's settled answer written from the texts of the root list's children's results, made as each succeeded
+/// (`AnswerTexts`): the same bytes as the answer made from the result as values, and made so only where the root
+/// list's result is its children's entries.
+final class EngineAnswerTextTests: EngineTestCase {
+    private func u(_ path: String) -> String { "\"\(upstream.url(path))\"" }
+
+    /// What the engine rendered: from the texts (`renderSettledAround`), with the bytes the values give for the same
+    /// record, or from the values (`renderSettled`).
+    private struct Renders {
+        /// The answer written, the bytes of the record's result as values, and how many entries were copied from texts.
+        var fromTexts: [(written: [UInt8], fromValues: [UInt8], texts: Int)] = []
+        var fromValues = 0
+    }
+
+    private func makeRenderingEngine(settledCacheBytes: Int? = nil) throws -> (Engine, Locked<Renders>) {
+        let renders = Locked(Renders())
+        let engine = try makeEngine(
+            configure: { config in if let settledCacheBytes { config.settledCacheBytes = settledCacheBytes } },
+            renderSettled: { job in
+                renders.withLock { $0.fromValues += 1 }
+                return job.result?.bytes ?? []
+            },
+            renderSettledAround: { job, result in
+                var sink = AnswerSink(capacity: result.capacityBytes)
+                try result.write(to: &sink)
+                let answer = try sink.finish()
+                renders.withLock { $0.fromTexts.append((answer.bytes, job.result?.bytes ?? [], result.fromTexts ?? -1)) }
+                return answer
+            })
+        return (engine, renders)
+    }
+
+    /// Runs `graph` as a job held back by another of its concurrency key until its long-poll waits, so that every
+    /// child settles with the waiter there; the long-poll's answer.
+    private func answerOfHeldJob(_ engine: Engine, key: String, graph: String) throws -> [UInt8] {
+        let held = #""concurrency_key":"\#(key)","concurrency_limit":1"#
+        let holder = try submit(engine, #"{\#(held),"graph":{"type":"fetch","url":\#(u("/hang"))}}"#).id
+        let id = try submit(engine, #"{\#(held),"graph":\#(graph)}"#).id
+        let answers = Watched<[JobRead]>([])
+        engine.waitForAnswer(id: id, afterVersion: nil, timeoutMs: 10_000) { read in answers.withLock { $0.append(read) } }
+        // The long-poll is registered in the turn it queued; the job starts only once the holder is cancelled.
+        engine.queue.sync {}
+        guard case .cancelling = try engine.answer("cancel of \(holder)", { done in engine.cancel(id: holder) { done($0) } }).get()
+        else { throw UpstreamError("the holder was not cancelling") }
+        guard answers.wait(milliseconds: 10_000, until: { !$0.isEmpty }),
+            case .settled(let settled) = answers.withLock({ $0[0] })
+        else { throw UpstreamError("no settled answer: \(answers.withLock { $0 })") }
+        return settled.body
+    }
+
+    func testALongPollsAnswerFromTheChildrensTextsIsTheAnswerFromTheValues() throws {
+        let (engine, renders) = try makeRenderingEngine()
+        let fetches = """
+            {"type":"fetch","url":\(u("/json"))},{"type":"fetch","url":\(u("/status/503"))},
+            {"type":"fetch","url":\(u("/json?size=3000"))}
+            """
+        // The children with texts: those that succeeded.
+        let rows: [(name: String, graph: String, texts: Int?)] = [
+            ("fetches, one failing", #"{"type":"list","children":[\#(fetches)]}"#, 2),
+            (
+                "errors consumed, a nested list, a recovered child and a child's select",
+                #"""
+                {"type":"list","consume_errors":true,"children":[\#(fetches),
+                  {"type":"list","children":[{"type":"fetch","url":\#(u("/text"))}]},
+                  {"type":"fetch","url":\#(u("/status/404")),"recover":{"fallback":[1,"two"]}},
+                  {"type":"fetch","url":\#(u("/ids?n=2")),"select":"/body/ids"}]}
+                """#,
+                5
+            ),
+            (
+                "fire_on_first_error, none failing",
+                #"{"type":"list","fire_on_first_error":true,"children":[{"type":"fetch","url":\#(u("/json"))}]}"#,
+                1
+            ),
+            ("fire_on_first_result: one child's result", #"{"type":"list","fire_on_first_result":true,"children":[\#(fetches)]}"#, nil),
+            ("a select of the root's result", #"{"type":"list","select":"/0","children":[\#(fetches)]}"#, nil),
+            (
+                "the root's recover value",
+                #"{"type":"list","fire_on_first_error":true,"recover":[1,2,3],"children":[\#(fetches)]}"#,
+                nil
+            ),
+            ("a sequence", #"{"type":"sequence","children":[\#(fetches)]}"#, nil),
+        ]
+        for (k, row) in rows.enumerated() {
+            let before = renders.withLock { $0 }
+            let answer = try answerOfHeldJob(engine, key: "row-\(k)", graph: row.graph)
+            let after = renders.withLock { $0 }
+            XCTAssertEqual(after.fromTexts.count - before.fromTexts.count, row.texts == nil ? 0 : 1, row.name)
+            XCTAssertEqual(after.fromValues - before.fromValues, row.texts == nil ? 1 : 0, row.name)
+            if let texts = row.texts, let made = after.fromTexts.last {
+                XCTAssertEqual(made.texts, texts, "\(row.name): entries copied from texts")
+                XCTAssertEqual(String(decoding: made.written, as: UTF8.self), String(decoding: made.fromValues, as: UTF8.self), row.name)
+                XCTAssertEqual(answer, made.written, row.name)
+            }
+            XCTAssertEqual(engine.queue.sync { engine.answerTextBytes }, 0, "\(row.name): the texts went with the answer")
+        }
+    }
+
+    /// Over the engine's bound only some children have texts; the others are written from their entries, and the
+    /// answer is the same.
+    func testChildrenPastTheBoundAreWrittenFromTheirValues() throws {
+        let (engine, renders) = try makeRenderingEngine(settledCacheBytes: 4_000)
+        let children = (0..<6).map { _ in #"{"type":"fetch","url":\#(u("/json?size=1500"))}"# }.joined(separator: ",")
+        let answer = try answerOfHeldJob(engine, key: "bound", graph: #"{"type":"list","children":[\#(children)]}"#)
+        let made = try XCTUnwrap(renders.withLock { $0.fromTexts.last })
+        // The six results are the same size; texts are written while those before come to less than the bound.
+        let size = (made.written.count - 2 - 5) / 6
+        XCTAssertEqual(made.texts, (4_000 + size - 1) / size, "results of \(size) bytes")
+        XCTAssertLessThan(made.texts, 6)
+        XCTAssertEqual(String(decoding: made.written, as: UTF8.self), String(decoding: made.fromValues, as: UTF8.self))
+        XCTAssertEqual(answer, made.written)
+        XCTAssertEqual(engine.queue.sync { engine.answerTextBytes }, 0)
+    }
+}
