@@ -102,6 +102,28 @@ final class EngineAnswerTextTests: EngineTestCase {
         }
     }
 
+    /// The children that succeeded before the first long-poll came are written when it comes; those still running
+    /// when they succeed.
+    func testTheFirstLongPollWritesTheChildrenThatAlreadySucceeded() throws {
+        let (engine, _) = try makeRenderingEngine()
+        let children = [u("/json"), u("/status/503"), u("/hang")].map { #"{"type":"fetch","url":\#($0)}"# }
+        let id = try submit(engine, #"{"graph":{"type":"list","children":[\#(children.joined(separator: ","))]}}"#).id
+        let ended = try untilJob(engine, id) {
+            try engine.nodes(jobID: id, includeResults: false)?.filter { $0.state.isSettled }.count == 2
+        }
+        XCTAssertTrue(ended, "the first two children did not end")
+        XCTAssertEqual(engine.queue.sync { engine.runs[id]?.answerTexts == nil }, true, "no texts before a long-poll")
+        engine.waitForAnswer(id: id, afterVersion: nil, timeoutMs: 10_000) { _ in }
+        let (texts, expected) = try engine.queue.sync { () -> ([[UInt8]?], [UInt8]?) in
+            let run = try XCTUnwrap(engine.runs[id])
+            return (run.answerTexts?.texts ?? [], run.nodes[1].result?.bytes)
+        }
+        XCTAssertEqual(texts.map { $0 != nil }, [true, false, false], "the one that succeeded")
+        XCTAssertEqual(texts.first ?? nil, expected)
+        XCTAssertEqual(engine.queue.sync { engine.answerTextBytes }, expected?.count)
+        _ = try engine.answer("cancel of \(id)") { done in engine.cancel(id: id) { done($0) } }.get()
+    }
+
     /// Over the engine's bound only some children have texts; the others are written from their entries, and the
     /// answer is the same.
     func testChildrenPastTheBoundAreWrittenFromTheirValues() throws {

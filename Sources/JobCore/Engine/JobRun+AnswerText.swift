@@ -52,7 +52,19 @@ extension JobRun {
             graph.nodes[0].dataflow?.select == nil, graph.nodes[0].recover == nil
         else { return }
         answerTexts = AnswerTexts(children: graph.nodes[0].children.count)
+        // The children that succeeded before anyone waited (a job's first fetches end before its 201 is sent, and
+        // a long-poll comes after that) still have their results in the cache: the first few are written now.
+        var caughtUp = 0
+        for child in graph.nodes[0].children where nodes[child].state == .succeeded {
+            guard caughtUp < Self.answerTextCatchUp, let result = nodes[child].result else { break }
+            writeAnswerText(child, result)
+            caughtUp += 1
+        }
     }
+
+    /// How many children that succeeded before the first waiter came `writeAnswerTexts` writes, at most: in one turn
+    /// of the engine's queue, which every job shares.
+    static let answerTextCatchUp = 1_024
 
     /// Keeps the text of `value`, the result of node `i` that just succeeded, if `i` is a child of the root and the
     /// run writes texts, while the engine's texts are under their bound. On the queue.
