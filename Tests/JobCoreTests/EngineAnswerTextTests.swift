@@ -124,6 +124,18 @@ final class EngineAnswerTextTests: EngineTestCase {
         _ = try engine.answer("cancel of \(id)") { done in engine.cancel(id: id) { done($0) } }.get()
     }
 
+    /// A run whose first texts show that all of them would not fit in the room the bound leaves gives them up: its
+    /// answer is made from the values.
+    func testARunWhoseTextsWouldNotFitGivesThemUp() throws {
+        let (engine, renders) = try makeRenderingEngine(settledCacheBytes: 100_000)
+        // About 1.7 KB each: 170 KB in all.
+        let children = (0..<100).map { _ in #"{"type":"fetch","url":\#(u("/json?size=1500"))}"# }.joined(separator: ",")
+        _ = try answerOfHeldJob(engine, key: "too-large", graph: #"{"type":"list","children":[\#(children)]}"#)
+        XCTAssertEqual(renders.withLock { $0.fromTexts.count }, 0)
+        XCTAssertEqual(renders.withLock { $0.fromValues }, 1)
+        XCTAssertEqual(engine.queue.sync { engine.answerTextBytes }, 0)
+    }
+
     /// Over the engine's bound only some children have texts; the others are written from their entries, and the
     /// answer is the same.
     func testChildrenPastTheBoundAreWrittenFromTheirValues() throws {

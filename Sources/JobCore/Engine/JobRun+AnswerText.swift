@@ -16,6 +16,8 @@ struct AnswerTexts: Sendable {
     var texts: [[UInt8]?]
     /// The texts' bytes, counted in `Engine.answerTextBytes` until they go.
     var bytes = 0
+    /// How many texts there are.
+    var written = 0
 
     init(children: Int) {
         texts = Array(repeating: nil, count: children)
@@ -47,7 +49,7 @@ extension JobRun {
     /// `fire_on_first_result` (one child's result), nor one with a `select` of it or a `recover` value in its
     /// place. On the queue.
     func writeAnswerTexts() {
-        guard answerTexts == nil, engine.configuration.settledCacheBytes > 0, !record.state.isSettled,
+        guard answerTexts == nil, !answerTextsGivenUp, engine.configuration.settledCacheBytes > 0, !record.state.isSettled,
             case .list(let options) = graph.nodes[0].kind, !options.fireOnFirstResult,
             graph.nodes[0].dataflow?.select == nil, graph.nodes[0].recover == nil
         else { return }
@@ -74,12 +76,30 @@ extension JobRun {
             let position = Self.position(of: i, among: graph.nodes[0].children)
         else { return }
         let text = value.bytes
-        let replaced = answerTexts?.texts[position]?.count ?? 0
+        let replaced = answerTexts?.texts[position]?.count
         // Changed in place: the run's is the one copy.
         answerTexts?.texts[position] = text
-        answerTexts?.bytes += text.count - replaced
-        engine.answerTextBytes += text.count - replaced
+        answerTexts?.bytes += text.count - (replaced ?? 0)
+        if replaced == nil { answerTexts?.written += 1 }
+        engine.answerTextBytes += text.count - (replaced ?? 0)
+        giveUpAnswerTextsIfTheyWillNotFit()
     }
+
+    /// Drops the texts, and writes no more, once the first few show that all the children's would not fit in the
+    /// room the bound leaves: then most of the answer would be written from the values at the end all the same, and
+    /// a part of it held twice meanwhile. For a list of 100,000 fetches of 1 KiB (142 MB of texts) under the default
+    /// bound, the job took about 5 % longer with the texts of its first 45,000 children and the server peaked about
+    /// 190 MiB higher (4 runs on one server, two rounds alternated).
+    private func giveUpAnswerTextsIfTheyWillNotFit() {
+        guard let texts = answerTexts, texts.written >= Self.answerTextsJudgedAfter else { return }
+        let room = engine.configuration.settledCacheBytes - (engine.answerTextBytes - texts.bytes)
+        guard texts.bytes / texts.written * texts.texts.count > room else { return }
+        _ = takeAnswerTexts()
+        answerTextsGivenUp = true
+    }
+
+    /// How many texts `giveUpAnswerTextsIfTheyWillNotFit` judges the size of all by.
+    static let answerTextsJudgedAfter = 4
 
     /// The texts written so far, no longer the run's (nor counted by the engine). On the queue.
     func takeAnswerTexts() -> AnswerTexts? {

@@ -46,6 +46,8 @@ final class JobRun: @unchecked Sendable {
     private var lastHostKey = ""
     /// The root list's results written as text for a waiter's answer, once one waits (`writeAnswerTexts`).
     var answerTexts: AnswerTexts?
+    /// The texts would not have fitted under their bound: the answer is made from the values.
+    var answerTextsGivenUp = false
 
     init(engine: Engine, graph: JobGraph, record: JobRecord, nodes: [NodeRecord]) {
         self.engine = engine
