@@ -206,8 +206,10 @@ enum CommandLineParser {
             c, v, _ in
             c.maxActiveNodes = try integer(v, flag: "--max-active-nodes", in: 0...100_000_000)
         },
-        Option(flag: "--settled-cache-bytes", help: "settled jobs' answers kept in memory, and results written ahead for long-polls (default 64MiB; 0 = none)") {
-            c, v, _ in
+        Option(
+            flag: "--settled-cache-bytes",
+            help: "settled jobs' answers kept in memory, and results written ahead for long-polls (default 64MiB; 0 = none)"
+        ) { c, v, _ in
             c.settledCacheBytes = v.trimmingCharacters(in: .whitespaces) == "0" ? 0 : try size(v, flag: "--settled-cache-bytes")
         },
         Option(flag: "--webhook-secret", help: "sign notify webhooks: X-Jobserver-Signature: sha256=<HMAC> (default: unsigned)") {

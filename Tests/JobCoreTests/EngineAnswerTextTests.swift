@@ -30,7 +30,8 @@ final class EngineAnswerTextTests: EngineTestCase {
                 var sink = AnswerSink(capacity: result.capacityBytes)
                 try result.write(to: &sink)
                 let answer = try sink.finish()
-                renders.withLock { $0.fromTexts.append((answer.bytes, job.result?.bytes ?? [], result.fromTexts ?? -1)) }
+                let made = (answer.bytes, job.result?.bytes ?? [], result.fromTexts ?? -1)
+                renders.withLock { $0.fromTexts.append(made) }
                 return answer
             })
         return (engine, renders)
@@ -43,11 +44,13 @@ final class EngineAnswerTextTests: EngineTestCase {
         let holder = try submit(engine, #"{\#(held),"graph":{"type":"fetch","url":\#(u("/hang"))}}"#).id
         let id = try submit(engine, #"{\#(held),"graph":\#(graph)}"#).id
         let answers = Watched<[JobRead]>([])
-        engine.waitForAnswer(id: id, afterVersion: nil, timeoutMs: 10_000) { read in answers.withLock { $0.append(read) } }
+        engine.waitForAnswer(id: id, afterVersion: nil, timeoutMs: 10_000) { read in
+            answers.withLock { $0.append(read) }
+        }
         // The long-poll is registered in the turn it queued; the job starts only once the holder is cancelled.
         engine.queue.sync {}
-        guard case .cancelling = try engine.answer("cancel of \(holder)", { done in engine.cancel(id: holder) { done($0) } }).get()
-        else { throw UpstreamError("the holder was not cancelling") }
+        let cancelled = try engine.answer("cancel of \(holder)") { done in engine.cancel(id: holder) { done($0) } }.get()
+        guard case .cancelling = cancelled else { throw UpstreamError("the holder was \(cancelled), not cancelling") }
         guard answers.wait(milliseconds: 10_000, until: { !$0.isEmpty }),
             case .settled(let settled) = answers.withLock({ $0[0] })
         else { throw UpstreamError("no settled answer: \(answers.withLock { $0 })") }
@@ -78,7 +81,11 @@ final class EngineAnswerTextTests: EngineTestCase {
                 #"{"type":"list","fire_on_first_error":true,"children":[{"type":"fetch","url":\#(u("/json"))}]}"#,
                 1
             ),
-            ("fire_on_first_result: one child's result", #"{"type":"list","fire_on_first_result":true,"children":[\#(fetches)]}"#, nil),
+            (
+                "fire_on_first_result: one child's result",
+                #"{"type":"list","fire_on_first_result":true,"children":[\#(fetches)]}"#,
+                nil
+            ),
             ("a select of the root's result", #"{"type":"list","select":"/0","children":[\#(fetches)]}"#, nil),
             (
                 "the root's recover value",
@@ -95,10 +102,12 @@ final class EngineAnswerTextTests: EngineTestCase {
             XCTAssertEqual(after.fromValues - before.fromValues, row.texts == nil ? 1 : 0, row.name)
             if let texts = row.texts, let made = after.fromTexts.last {
                 XCTAssertEqual(made.texts, texts, "\(row.name): entries copied from texts")
-                XCTAssertEqual(String(decoding: made.written, as: UTF8.self), String(decoding: made.fromValues, as: UTF8.self), row.name)
+                XCTAssertEqual(
+                    String(decoding: made.written, as: UTF8.self), String(decoding: made.fromValues, as: UTF8.self), row.name)
                 XCTAssertEqual(answer, made.written, row.name)
             }
-            XCTAssertEqual(engine.queue.sync { engine.answerTextBytes }, 0, "\(row.name): the texts went with the answer")
+            let held = engine.queue.sync { engine.answerTextBytes }
+            XCTAssertEqual(held, 0, "\(row.name): the texts went with the answer")
         }
     }
 

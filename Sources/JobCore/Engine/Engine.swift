@@ -1094,7 +1094,9 @@ public final class Engine: @unchecked Sendable {
                 if let kept = self.settledJobs[id] {
                     settled = kept
                 } else {
-                    let made = self.settledAnswer(live, texts: texts) ?? SettledJob(id: live.id, version: live.version, body: renderSettled(live))
+                    let made =
+                        self.settledAnswer(live, texts: texts)
+                        ?? SettledJob(id: live.id, version: live.version, body: renderSettled(live))
                     self.settledJobs.insert(made, ifNoRemovalSince: removals)
                     settled = made
                 }
@@ -1110,7 +1112,8 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// The settled answer of `live` with its result written from the texts of its root list's children (in memory,
-    /// as `renderSettled` makes it); `nil` without texts, or when the result is not the list's entries.
+    /// as `renderSettled` makes it); `nil` without texts, or when the result is not the list's entries. Writing to
+    /// memory fails on nothing but the memory itself; should it throw, the answer is made from the values.
     private func settledAnswer(_ live: JobRecord, texts: AnswerTexts?) -> SettledJob? {
         guard let texts, let renderSettledAround, case .array(let entries)? = live.result,
             entries.count == texts.texts.count, let answer = try? renderSettledAround(live, texts.resultText(entries))

@@ -27,7 +27,8 @@ struct AnswerTexts: Sendable {
     func resultText(_ entries: [JSONValue]) -> StoredResultText {
         let missing = texts.indices.reduce(0) { $0 + (texts[$1] == nil ? entries[$1].unescapedByteCount : 0) }
         let fromTexts = texts.reduce(0) { $0 + ($1 == nil ? 0 : 1) }
-        return StoredResultText(capacityBytes: bytes + missing + entries.count + 2, fromTexts: fromTexts) { [texts] out in
+        let capacity = bytes + missing + entries.count + 2
+        return StoredResultText(capacityBytes: capacity, fromTexts: fromTexts) { [texts] out in
             out.append(UInt8(ascii: "["))
             for k in entries.indices {
                 if k > 0 { out.append(UInt8(ascii: ",")) }
@@ -49,8 +50,8 @@ extension JobRun {
     /// `fire_on_first_result` (one child's result), nor one with a `select` of it or a `recover` value in its
     /// place. On the queue.
     func writeAnswerTexts() {
-        guard answerTexts == nil, !answerTextsGivenUp, engine.configuration.settledCacheBytes > 0, !record.state.isSettled,
-            case .list(let options) = graph.nodes[0].kind, !options.fireOnFirstResult,
+        guard answerTexts == nil, !answerTextsGivenUp, engine.configuration.settledCacheBytes > 0,
+            !record.state.isSettled, case .list(let options) = graph.nodes[0].kind, !options.fireOnFirstResult,
             graph.nodes[0].dataflow?.select == nil, graph.nodes[0].recover == nil
         else { return }
         answerTexts = AnswerTexts(children: graph.nodes[0].children.count)
