@@ -202,12 +202,12 @@ struct DataflowParser {
         var changed = Array(repeating: false, count: entries.count)
         var finished = Array(repeating: JSONValue.null, count: entries.count)
         for i in entries.indices.reversed() {
+            // An unchanged node is left as it is, and its parent keeps it where it was: only changed nodes are
+            // copied out of the entries and into `finished`.
+            let childChanged = entries[i].children.contains { changed[$0.entry] }
+            guard entries[i].members != nil || childChanged else { continue }
             let entry = entries[i]
-            let childChanged = entry.children.contains { changed[$0.entry] }
-            guard entry.members != nil || childChanged, case .object(let original) = entry.value else {
-                finished[i] = entry.value
-                continue
-            }
+            guard case .object(let original) = entry.value else { continue }
             var members = entry.members ?? original
             if childChanged, entry.childIsTemplate, let child = entry.children.first,
                 let k = members.firstIndex(where: { $0.key == "template" })
@@ -216,14 +216,14 @@ struct DataflowParser {
             } else if childChanged, let member = entry.childrenMember,
                 let k = members.firstIndex(where: { $0.key == "children" }), case .array(var elements) = original[member].value
             {
-                for child in entry.children { elements[child.position] = finished[child.entry] }
+                for child in entry.children where changed[child.entry] { elements[child.position] = finished[child.entry] }
                 members[k].value = .array(elements)
             }
-            for child in entry.children { finished[child.entry] = .null }
+            for child in entry.children where changed[child.entry] { finished[child.entry] = .null }
             changed[i] = true
             finished[i] = .object(members)
         }
-        return (finished[0], changed[0])
+        return changed[0] ? (finished[0], true) : (root, false)
     }
 
     /// Reads one node's new fields; returns its members when any changed, and its children to walk.
@@ -240,8 +240,10 @@ struct DataflowParser {
         let type = members.first(where: { $0.key == "type" })?.value.stringValue
         let isFetch = type == "fetch"
         var flow = NodeDataflow()
+        // The members as this pass leaves them, made only once a member needs more than to be kept as it is (most
+        // nodes have none such): until then `out` is empty, and stands for the members before `position`.
         var out: [JSONMember] = []
-        out.reserveCapacity(members.count)
+        var outStarted = false
         var changed = false
         var children: (member: Int, elements: [JSONValue])?
         var template: (member: Int, value: JSONValue)?
@@ -259,14 +261,19 @@ struct DataflowParser {
             case .array(let elements) where member.key == "children":
                 // The children are walked as nodes of their own; only an expression in their place is refused here.
                 if type != "fetch", children == nil { children = (position, elements) }
-                out.append(member)
+                if outStarted { out.append(member) }
                 continue
             case .object, .array: break
             default:
                 if member.key != "select", member.key != "query", member.key != "paginate" {
-                    out.append(member)
+                    if outStarted { out.append(member) }
                     continue
                 }
+            }
+            if !outStarted {
+                out.reserveCapacity(members.count)
+                out.append(contentsOf: members[..<position])
+                outStarted = true
             }
             let base = spelled ?? place(of: index)
             spelled = base

@@ -429,7 +429,12 @@ struct GraphValidator {
         var fetch = FetchFields()
         var list = ListOptions()
         var sequence = SequenceOptions()
-        var map = MapSpec()
+        // Made only for a map: a `MapSpec` holds a graph, whose copy and release every other node paid for.
+        var madeMap: MapSpec?
+        var map: MapSpec {
+            get { madeMap ?? MapSpec() }
+            set { madeMap = newValue }
+        }
         var seen = FieldNames(capacity: members.count)
         var sawChildren = false
 
