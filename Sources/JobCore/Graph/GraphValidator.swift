@@ -294,26 +294,29 @@ struct GraphValidator {
                 root = nil
                 (value, spot, parent, depth, defaultID) = (rootValue, rootSpot, nil, 1, "root")
             } else {
-                guard let top = stack.last else { break }
-                if top.next == top.children.count {
+                // Read in place: a copy of the cursor retained and released its children and its id for each node.
+                let top = stack.count - 1
+                guard top >= 0 else { break }
+                let position = stack[top].next
+                if position == stack[top].children.count {
                     stack.removeLast()
                     continue
                 }
-                let position = top.next
-                stack[stack.count - 1].next += 1
-                value = top.children[position]
-                inTemplate = top.inTemplate
-                if top.isTemplate {
-                    spot = Spot(place: top.parent).member("template", at: top.childrenPosition)
+                stack[top].next += 1
+                value = stack[top].children[position]
+                inTemplate = stack[top].inTemplate
+                if stack[top].isTemplate {
+                    spot = Spot(place: stack[top].parent).member("template", at: stack[top].childrenPosition)
                     // `#` never stands in an explicit id: a template node's default id cannot clash with one, and
                     // marks it as a default when the template is taken out (MapSpec.swift).
-                    defaultID = top.parentID + "#t"
+                    defaultID = stack[top].parentID + "#t"
                 } else {
-                    spot = Spot(place: top.parent).member("children", at: top.childrenPosition).element(position)
-                    defaultID = top.parentID + ".\(position)"
+                    spot = Spot(place: stack[top].parent).member("children", at: stack[top].childrenPosition)
+                        .element(position)
+                    defaultID = stack[top].parentID + "." + String(position)
                 }
-                parent = top.parent
-                depth = top.depth
+                parent = stack[top].parent
+                depth = stack[top].depth
             }
             if depth > limits.maxDepth {
                 // Report the first node past the limit only, and never look inside any of them.
@@ -354,7 +357,9 @@ struct GraphValidator {
 
             if case .invalid = idSource {
                 // Its id is already reported; checking the default in its place could only add a false duplicate.
-            } else if let ownerPlace = idOwners[node.id] {
+            } else if let ownerPlace = idOwners.updateValue(place, forKey: node.id) {
+                // The first node keeps the id; the id is hashed once for the nodes that have their own.
+                idOwners[node.id] = ownerPlace
                 let owner = issues.pointer(Spot(place: ownerPlace))
                 if case .explicit(let idSpot) = idSource {
                     issues.add(idSpot, "duplicate id \"\(node.id)\": already used by the node at \(owner)")
@@ -364,8 +369,6 @@ struct GraphValidator {
                         "this node's default id \"\(node.id)\" is already used by the node at \(owner); "
                             + "give one of them another id")
                 }
-            } else {
-                idOwners[node.id] = place
             }
             nodes.append(consume node)
             if !children.isEmpty {
