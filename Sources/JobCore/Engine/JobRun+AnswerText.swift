@@ -16,7 +16,7 @@ struct AnswerTexts: Sendable {
     var texts: [[UInt8]?]
     /// The texts' bytes, counted in `Engine.answerTextBytes` until they go.
     var bytes = 0
-    /// How many texts there are.
+    /// How many texts there are (the non-`nil` of `texts`).
     var written = 0
 
     init(children: Int) {
@@ -26,9 +26,8 @@ struct AnswerTexts: Sendable {
     /// The list's result, `entries`, as the answer writes it: a child's text where it has one, else its entry.
     func resultText(_ entries: [JSONValue]) -> StoredResultText {
         let missing = texts.indices.reduce(0) { $0 + (texts[$1] == nil ? entries[$1].unescapedByteCount : 0) }
-        let fromTexts = texts.reduce(0) { $0 + ($1 == nil ? 0 : 1) }
         let capacity = bytes + missing + entries.count + 2
-        return StoredResultText(capacityBytes: capacity, fromTexts: fromTexts) { [texts] out in
+        return StoredResultText(capacityBytes: capacity, fromTexts: written) { [texts] out in
             out.append(UInt8(ascii: "["))
             for k in entries.indices {
                 if k > 0 { out.append(UInt8(ascii: ",")) }
@@ -59,8 +58,9 @@ extension JobRun {
         // a long-poll comes after that) still have their results in the cache: the first few are written now.
         var caughtUp = 0
         for child in graph.nodes[0].children where nodes[child].state == .succeeded {
-            guard caughtUp < Self.answerTextCatchUp, let result = nodes[child].result else { break }
-            writeAnswerText(child, result)
+            // Given up meanwhile (`writeAnswerText`), there is nothing more to write.
+            guard caughtUp < Self.answerTextCatchUp, answerTexts != nil else { break }
+            if let result = nodes[child].result { writeAnswerText(child, result) }
             caughtUp += 1
         }
     }
@@ -76,13 +76,13 @@ extension JobRun {
             engine.answerTextBytes < engine.configuration.settledCacheBytes,
             let position = Self.position(of: i, among: graph.nodes[0].children)
         else { return }
+        // A child settles once, and the catch-up writes only those that settled before there were texts: each
+        // position is written at most once. Changed in place: the run's is the one copy.
         let text = value.bytes
-        let replaced = answerTexts?.texts[position]?.count
-        // Changed in place: the run's is the one copy.
         answerTexts?.texts[position] = text
-        answerTexts?.bytes += text.count - (replaced ?? 0)
-        if replaced == nil { answerTexts?.written += 1 }
-        engine.answerTextBytes += text.count - (replaced ?? 0)
+        answerTexts?.bytes += text.count
+        answerTexts?.written += 1
+        engine.answerTextBytes += text.count
         giveUpAnswerTextsIfTheyWillNotFit()
     }
 
