@@ -183,6 +183,33 @@ final class JSONValueTests: XCTestCase {
         XCTAssertEqual(value.text, text.replacingOccurrences(of: "\\u00e9", with: "é"))
     }
 
+    /// The parser reads a string eight bytes at a time while none is a quote, a backslash or a control byte: the
+    /// string's end, an escape, a raw control byte (refused) and a byte that is not UTF-8 (refused) are each found
+    /// at every offset within and across those words, beside bytes of 0x80 and above.
+    func testStringEndsEscapesAndRefusedBytesAreFoundAtEveryOffsetOfTheWordWiseScan() throws {
+        let specials = (0..<0x20).map { String(UnicodeScalar(UInt8($0))) } + ["\"", "\\", "/"]
+        for filler in ["x", "é", "\u{7f}", "😀"] {
+            for length in 0..<20 {
+                let text = String(repeating: filler, count: length)
+                XCTAssertEqual(try JSONValue.parse(#"[""# + text + #"","y"]"#), .array([.string(text), .string("y")]))
+            }
+            for offset in 0..<20 {
+                let before = String(repeating: filler, count: offset)
+                let after = String(repeating: filler, count: 19 - offset)
+                for special in specials {
+                    let text = before + special + after
+                    XCTAssertEqual(try JSONValue.parse(JSONValue.string(text).text), .string(text), "offset \(offset)")
+                }
+                XCTAssertEqual(try JSONValue.parse(#"""# + before + #"\/"# + after + #"""#), .string(before + "/" + after))
+                XCTAssertThrowsError(try JSONValue.parse(#"""# + before + "\u{01}" + after + #"""#), "offset \(offset)")
+                var notUTF8 = Array(("\"" + before).utf8)
+                notUTF8.append(0xFF)
+                notUTF8 += Array((after + "\"").utf8)
+                XCTAssertThrowsError(try JSONValue.parse(notUTF8), "offset \(offset) of \(filler)")
+            }
+        }
+    }
+
     func testLongStringWithAndWithoutEscapes() throws {
         let plain = String(repeating: "abcdefgh", count: 128 * 1024)
         XCTAssertEqual(try JSONValue.parse("\"" + plain + "\""), .string(plain))

@@ -224,6 +224,19 @@ private struct JSONParser {
         let start = index
         // Fast path: no escapes.
         var bitsSeen: UInt8 = 0
+        if let base = bytes.baseAddress {
+            // Eight bytes at a time while none is a quote, a backslash or a control byte (as the writer scans):
+            // byte by byte, a fetch's 1 KiB JSON body took 15 instructions a byte to read (callgrind), on the
+            // fetcher's thread. The bytes after the last clean word are read one by one below.
+            var highBits: UInt64 = 0
+            while bytes.count - index >= 8 {
+                let word = UnsafeRawPointer(base + index).loadUnaligned(as: UInt64.self)
+                if JSONValue.mayNeedEscape(word) { break }
+                highBits |= word
+                index += 8
+            }
+            if highBits & 0x8080_8080_8080_8080 != 0 { bitsSeen = 0x80 }
+        }
         while index < bytes.count {
             let c = bytes[index]
             if c == UInt8(ascii: "\"") {
