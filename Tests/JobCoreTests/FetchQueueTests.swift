@@ -166,6 +166,7 @@ final class FetchQueueTests: XCTestCase {
             ("http://user@a.local/x", "http://a.local", "http://a.local", false),
             ("https://a.local/x", "http://a.local", "https://a.local", false),
             ("http://a.local/x", "", "http://a.local", false),
+            ("http://a.lo", "http://a.local", "http://a.lo", false),
         ]
         for row in rows {
             XCTAssertEqual(FetchQueue.hostKey(of: row.url), row.hostKey, row.url)

@@ -1,3 +1,9 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
 /// The one shared, bounded queue of fetches waiting for a transfer slot.
 ///
 /// Fetches wait here, as a few bytes each, until a slot is free both in total
@@ -74,16 +80,16 @@ struct FetchQueue {
             guard waiting > 0 else { return nil }
             for _ in 0...ring.count {
                 if cursor >= ring.count { cursor = 0 }
-                let job = ring[cursor]
-                guard let ticket = lanes[job]?.pop() else {
+                // One lookup of the job's lane, popped in place through its index.
+                guard let k = lanes.index(forKey: ring[cursor]), let ticket = lanes.values[k].pop() else {
                     cursor += 1
                     turnTaken = 0
                     continue
                 }
                 waiting -= 1
                 turnTaken += 1
-                if lanes[job]?.isEmpty ?? true {
-                    lanes[job] = Lane()
+                if lanes.values[k].isEmpty {
+                    lanes.values[k] = Lane()
                     emptyLanes += 1
                     cursor += 1
                     turnTaken = 0
@@ -187,37 +193,40 @@ struct FetchQueue {
         while tried < hostRing.count {
             if cursor >= hostRing.count { cursor = 0 }
             let host = hostRing[cursor]
-            // Read field by field: a copy of the host's lanes held across the `pop` below would make it copy them.
-            guard let waitingHere = hosts[host]?.waiting, waitingHere > 0 else {
+            // The host's lanes are found once and then read and changed in place through their index (no insertion
+            // or removal in `hosts` comes between): a lookup by key hashes the host's name each time, and finding a
+            // fetch took six of them, 3,000 instructions per fetch (callgrind).
+            guard let k = hosts.index(forKey: host), hosts.values[k].waiting > 0 else {
                 hosts[host] = nil
                 hostRing.remove(at: cursor)
                 continue
             }
-            let inFlightHere = hostInFlight[host, default: 0]
+            let slots = hostInFlight.index(forKey: host)
+            let inFlightHere = slots.map { hostInFlight.values[$0] } ?? 0
             let beyondSlots = inFlightHere >= maxPerHost
-            guard !beyondSlots || (inFlightHere < maxPerHost + heldInFetcher && hosts[host]?.heldInFetcher == true) else {
+            guard !beyondSlots || (inFlightHere < maxPerHost + heldInFetcher && hosts.values[k].heldInFetcher) else {
                 cursor += 1
                 tried += 1
                 continue
             }
             if let due = rateLimiter.take(hostKey: host, nowNs: now) {
                 rateDueNs = min(rateDueNs ?? due, due)
-                if hosts[host]?.rateBlockedSinceNs == nil { hosts[host]?.rateBlockedSinceNs = now }
+                if hosts.values[k].rateBlockedSinceNs == nil { hosts.values[k].rateBlockedSinceNs = now }
                 cursor += 1
                 tried += 1
                 continue
             }
-            if let since = hosts[host]?.rateBlockedSinceNs {
+            if let since = hosts.values[k].rateBlockedSinceNs {
                 rateWaitNs += now > since ? now - since : 0
                 rateLimitedStarts += 1
-                hosts[host]?.rateBlockedSinceNs = nil
+                hosts.values[k].rateBlockedSinceNs = nil
             }
-            guard let ticket = hosts[host]?.pop(quantum: maxPerHost) else { continue }
+            guard let ticket = hosts.values[k].pop(quantum: maxPerHost) else { continue }
             waiting -= 1
             inFlight += 1
-            hostInFlight[host] = inFlightHere + 1
+            if let slots { hostInFlight.values[slots] = inFlightHere + 1 } else { hostInFlight[host] = 1 }
             if beyondSlots { heldBeyondSlots += 1 }
-            if hosts[host]?.waiting == 0 {
+            if hosts.values[k].waiting == 0 {
                 hosts[host] = nil
                 hostRing.remove(at: cursor)
             } else {
@@ -231,8 +240,9 @@ struct FetchQueue {
     /// Gives back the slot of a finished fetch.
     mutating func finished(host: String) {
         inFlight -= 1
-        let n = hostInFlight[host, default: 1] - 1
-        hostInFlight[host] = n > 0 ? n : nil
+        guard let slots = hostInFlight.index(forKey: host) else { return }
+        let n = hostInFlight.values[slots] - 1
+        if n > 0 { hostInFlight.values[slots] = n } else { hostInFlight.remove(at: slots) }
         if n >= maxPerHost { heldBeyondSlots -= 1 }
     }
 
@@ -248,12 +258,17 @@ struct FetchQueue {
     /// authority are the key's own.
     static func url(_ url: String, hasHostKey key: String) -> Bool {
         guard !key.isEmpty else { return false }
-        let bytes = url.utf8
-        guard bytes.starts(with: key.utf8) else { return false }
-        let end = bytes.index(bytes.startIndex, offsetBy: key.utf8.count)
-        guard end < bytes.endIndex else { return true }
-        let next = bytes[end]
-        return next == UInt8(ascii: "/") || next == UInt8(ascii: "?") || next == UInt8(ascii: "#")
+        // Compared as bytes in place: `starts(with:)` over the two UTF-8 views took 1,400 instructions a fetch.
+        return url.withUTF8InPlace { url in
+            key.withUTF8InPlace { key in
+                guard url.count >= key.count, let u = url.baseAddress, let k = key.baseAddress,
+                    memcmp(u, k, key.count) == 0
+                else { return false }
+                guard url.count > key.count else { return true }
+                let next = url[key.count]
+                return next == UInt8(ascii: "/") || next == UInt8(ascii: "?") || next == UInt8(ascii: "#")
+            }
+        }
     }
 
     /// `scheme://host:port` of a URL, lowercased: the unit of the per-host limit.
