@@ -81,6 +81,22 @@ final class JSONValueTests: XCTestCase {
         }
     }
 
+    /// `bytes(expectedCount:)` writes the same text as `bytes` whatever room it is told to expect: less than the
+    /// text needs (written again at its length), exactly it, or more.
+    func testBytesWithAnExpectedCountAreTheBytesWhateverTheCount() throws {
+        let values: [JSONValue] = [
+            .null, .string(""), .string(String(repeating: "\"", count: 300)),
+            try JSONValue.parse(#"{"status":200,"headers":{"a":"b"},"body":{"data":"xyz\n"},"url":"http://h/é"}"#),
+            .array((0..<50).map { .string(String(repeating: "\u{01}", count: $0)) }),
+        ]
+        for value in values {
+            let expected = value.bytes
+            for count in [0, 1, expected.count - 1, expected.count, expected.count + 1, 10 * expected.count, -5] {
+                XCTAssertEqual(value.bytes(expectedCount: count), expected, "\(count) for \(value.text.prefix(40))")
+            }
+        }
+    }
+
     func testUnescapedByteCountIsTheLengthWhenNothingIsEscapedAndALowerBoundOtherwise() throws {
         let plain = try JSONValue.parse(#"{"a":[1,true,false,null,"xyz",{"é":"😀"}],"bb":[],"c":{}}"#)
         XCTAssertEqual(plain.unescapedByteCount, plain.bytes.count)
