@@ -28,8 +28,8 @@ final class JSONValueTests: XCTestCase {
         XCTAssertEqual(JSONValue.string(long).text, "\"" + long + "\"")
     }
 
-    /// The writer skips eight bytes at a time where none needs an escape: a byte that does is escaped at every
-    /// offset within and across those words, beside bytes of 0x80 and above, as a byte-at-a-time writer does it.
+    /// The writer skips sixteen bytes, then eight, at a time where none needs an escape: a byte that does is escaped at
+    /// every offset within and across those words, beside bytes of 0x80 and above, as a byte-at-a-time writer does it.
     func testEscapesAreFoundAtEveryOffsetOfTheWordWiseScan() throws {
         func reference(_ text: String) -> String {
             var out = "\""
@@ -49,8 +49,9 @@ final class JSONValueTests: XCTestCase {
         let specials = (0..<0x20).map { String(UnicodeScalar(UInt8($0))) } + ["\"", "\\"]
         for filler in ["x", "é", "\u{7f}", "😀", "!"] {
             for special in specials {
-                for offset in 0..<20 {
-                    let text = String(repeating: filler, count: offset) + special + String(repeating: filler, count: 19 - offset)
+                for offset in 0..<40 {
+                    let before = String(repeating: filler, count: offset)
+                    let text = before + special + String(repeating: filler, count: 39 - offset)
                     XCTAssertEqual(JSONValue.string(text).text, reference(text), "offset \(offset) of \(filler)")
                 }
             }
@@ -199,19 +200,19 @@ final class JSONValueTests: XCTestCase {
         XCTAssertEqual(value.text, text.replacingOccurrences(of: "\\u00e9", with: "é"))
     }
 
-    /// The parser reads a string eight bytes at a time while none is a quote, a backslash or a control byte: the
-    /// string's end, an escape, a raw control byte (refused) and a byte that is not UTF-8 (refused) are each found
-    /// at every offset within and across those words, beside bytes of 0x80 and above.
+    /// The parser reads a string sixteen bytes, then eight, at a time while none is a quote, a backslash or a control
+    /// byte: the string's end, an escape, a raw control byte (refused) and a byte that is not UTF-8 (refused) are each
+    /// found at every offset within and across those words, beside bytes of 0x80 and above.
     func testStringEndsEscapesAndRefusedBytesAreFoundAtEveryOffsetOfTheWordWiseScan() throws {
         let specials = (0..<0x20).map { String(UnicodeScalar(UInt8($0))) } + ["\"", "\\", "/"]
         for filler in ["x", "é", "\u{7f}", "😀"] {
-            for length in 0..<20 {
+            for length in 0..<40 {
                 let text = String(repeating: filler, count: length)
                 XCTAssertEqual(try JSONValue.parse(#"[""# + text + #"","y"]"#), .array([.string(text), .string("y")]))
             }
-            for offset in 0..<20 {
+            for offset in 0..<40 {
                 let before = String(repeating: filler, count: offset)
-                let after = String(repeating: filler, count: 19 - offset)
+                let after = String(repeating: filler, count: 39 - offset)
                 for special in specials {
                     let text = before + special + after
                     XCTAssertEqual(try JSONValue.parse(JSONValue.string(text).text), .string(text), "offset \(offset)")
