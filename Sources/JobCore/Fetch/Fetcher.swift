@@ -215,7 +215,9 @@ final class Transfer {
             return checkDeclaredLength()
         }
         if end >= 5, line[0] == 72, line[1] == 84, line[2] == 84, line[3] == 80, line[4] == 47 {  // "HTTP/"
+            // Room for a typical response's fields at once, rather than grown one doubling at a time.
             headers = []
+            headers.reserveCapacity(Transfer.usualHeaderCount)
             headerBytes = 0
             headersEnded = false
             status = Transfer.statusCode(line, end: end)
@@ -313,6 +315,9 @@ final class Transfer {
         tooLargeReason = budget.exceeded
         refusedBy = budget.scope
     }
+
+    /// How many header fields `headers` has room for when a response begins (nginx sends 8 with a file).
+    static let usualHeaderCount = 12
 
     /// The largest header section accepted per response (status line excluded).
     static let maxHeaderBytes = 256 * 1024
@@ -415,6 +420,10 @@ final class FetchLoop: @unchecked Sendable {
     private let denyList: [AddressRange]
     /// The system's roots plus `--ca-file`; `nil` without `--ca-file` (libcurl then reads the system's own).
     private let roots: TrustedRoots?
+    /// `configuration.userAgent` and `.proxy` (`""`: none) as C strings, made once: a short Swift string handed to
+    /// a C parameter is copied out to a new array on every call.
+    private let userAgent: ContiguousArray<CChar>
+    private let proxy: ContiguousArray<CChar>
     private let multi: UnsafeMutableRawPointer
     private let mutex = Lock()
     /// The counters `stats` reports, which `waitForStats` waits on; they guard themselves.
@@ -448,6 +457,8 @@ final class FetchLoop: @unchecked Sendable {
         self.configuration = configuration
         denyList = try configuration.denyCIDRs.map { try AddressRange(cidr: $0) }
         roots = try configuration.caFile.map { try TrustedRoots(caFile: $0) }
+        userAgent = configuration.userAgent.utf8CString
+        proxy = (configuration.proxy ?? "").utf8CString
         guard configuration.maxConcurrentFetches > 0, configuration.maxPerHost > 0 else {
             throw FetcherError("connection limits must be positive")
         }
@@ -620,10 +631,10 @@ final class FetchLoop: @unchecked Sendable {
             }
         }
         check(ccurl_easy_setopt_long(easy, CURLOPT_NETRC, Int(CURL_NETRC_IGNORED.rawValue)))
-        check(ccurl_easy_setopt_str(easy, CURLOPT_PROXY, configuration.proxy ?? ""))
+        proxy.withUnsafeBufferPointer { check(ccurl_easy_setopt_str(easy, CURLOPT_PROXY, $0.baseAddress)) }
         check(ccurl_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, configuration.connectTimeoutMs))
         if let timeoutMs = transfer.timeoutMs { check(ccurl_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, max(1, timeoutMs))) }
-        check(ccurl_easy_setopt_str(easy, CURLOPT_USERAGENT, configuration.userAgent))
+        userAgent.withUnsafeBufferPointer { check(ccurl_easy_setopt_str(easy, CURLOPT_USERAGENT, $0.baseAddress)) }
         // "" offers every encoding libcurl decodes, and turns decoding on for any
         // Content-Encoding the upstream sends, asked for or not.
         check(ccurl_easy_setopt_str(easy, CURLOPT_ACCEPT_ENCODING, ""))
