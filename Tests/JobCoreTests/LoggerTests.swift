@@ -107,6 +107,23 @@ final class LoggerTests: XCTestCase {
         XCTAssertEqual(readAvailable(readEnd), "while held\n")
     }
 
+    /// The writer takes the stack once for each `flush` made with nothing queued, and never for a caller already
+    /// answered: going round while such a caller was on its way out, it took and wrote nothing, over and over.
+    func testTheWriterTakesTheStackOnlyForWhatItsCallersWaitFor() throws {
+        let (readEnd, writeEnd) = try makePipe()
+        let writer = LineWriter(fd: writeEnd)
+        let callers = try (0..<4).map { t in
+            try startThread(name: "log-test-wait-\(t)") {
+                for k in 0..<200 { writer.write(Array("t\(t) \(k)\n".utf8), waitUntilWritten: true) }
+            }
+        }
+        for caller in callers { XCTAssertEqual(pthread_join(caller, nil), 0) }
+        XCTAssertEqual(writer.takesWithoutLines, 0)
+        for _ in 0..<50 { writer.flush(waitingAtMostMs: 60_000) }
+        XCTAssertEqual(writer.takesWithoutLines, 50)
+        XCTAssertEqual(readAvailable(readEnd).split(separator: "\n").count, 800)
+    }
+
     func testFlushWritesEverythingQueued() throws {
         let (readEnd, writeEnd) = try makePipe()
         let writer = LineWriter(fd: writeEnd)
