@@ -203,7 +203,7 @@ public final class LineWriter: @unchecked Sendable {
     ///
     /// A caller still waiting for what is written already is not waited for: it has been woken and is on its way
     /// out. Going round for it, the writer took and wrote nothing, over and over, until that caller's thread ran:
-    /// 7,300 to 21,000 empty takes for 800 lines written by four threads that each waited for its own (three runs
+    /// 7,300 to 20,200 empty takes for 800 lines written by four threads that each waited for its own (three runs
     /// of `testTheWriterTakesTheStackOnlyForWhatItsCallersWaitFor`), where none is needed.
     private func waitForLines() {
         while head.load(ordering: .sequentiallyConsistent) == nil && !takeAwaited() {
