@@ -18,9 +18,9 @@ struct AnswerTexts: Sendable {
     var bytes = 0
     /// How many texts there are (the non-`nil` of `texts`).
     var written = 0
-    /// The length of the last text written: the room the next is written into (`JSONValue.bytes(expectedCount:)`),
-    /// since a list's children's results are mostly alike.
-    var lastCount = 0
+    /// The length of the last text written, `nil` before the first: the room the next is written into
+    /// (`JSONValue.bytes(expectedCount:)`), since a list's children's results are mostly alike.
+    var lastCount: Int?
 
     init(children: Int) {
         texts = Array(repeating: nil, count: children)
@@ -81,7 +81,7 @@ extension JobRun {
         else { return }
         // A child settles once, and the catch-up writes only those that settled before there were texts: each
         // position is written at most once. Changed in place: the run's is the one copy.
-        var text = lastAnswerTextCount.map { value.bytes(expectedCount: $0) } ?? value.bytes
+        var text = answerTexts?.lastCount.map { value.bytes(expectedCount: $0) } ?? value.bytes
         // Room given for a longer text is not kept: a text is held until the answer is made.
         if text.capacity > 2 * text.count + 64 { text = text.withUnsafeBufferPointer { Array($0) } }
         answerTexts?.lastCount = text.count
@@ -90,12 +90,6 @@ extension JobRun {
         answerTexts?.written += 1
         engine.answerTextBytes += text.count
         giveUpAnswerTextsIfTheyWillNotFit()
-    }
-
-    /// The length of the last text written, if any: the next is likely about as long.
-    private var lastAnswerTextCount: Int? {
-        guard let texts = answerTexts, texts.written > 0 else { return nil }
-        return texts.lastCount
     }
 
     /// Drops the texts, and writes no more, once the first few show that all the children's would not fit in the
