@@ -400,7 +400,7 @@ struct DataflowParser {
             }
             out.append(member)
         }
-        if flow != NodeDataflow() { dataflow[index] = flow }
+        if !flow.isEmpty { dataflow[index] = flow }
         return (changed ? out : nil, children, template)
     }
 

@@ -27,6 +27,14 @@ struct Spot {
         self.place = place
     }
 
+    /// Element `element` of the array in member `name`, at `position`, of the node at `place`: where a child stands
+    /// below its parent (`/children/3`), made at once rather than a step at a time, which copied the spot twice.
+    init(place: Int, member name: String, at position: Int, element: Int) {
+        self.place = place
+        first = Step(name: name, position: position)
+        second = Step(name: nil, position: element)
+    }
+
     private func appending(_ step: Step) -> Spot {
         var spot = self
         if spot.first == nil {
@@ -311,8 +319,8 @@ struct GraphValidator {
                     // marks it as a default when the template is taken out (MapSpec.swift).
                     defaultID = stack[top].parentID + "#t"
                 } else {
-                    spot = Spot(place: stack[top].parent).member("children", at: stack[top].childrenPosition)
-                        .element(position)
+                    spot = Spot(
+                        place: stack[top].parent, member: "children", at: stack[top].childrenPosition, element: position)
                     defaultID = stack[top].parentID + "." + String(position)
                 }
                 parent = stack[top].parent
@@ -442,15 +450,15 @@ struct GraphValidator {
         var sawChildren = false
 
         for (position, member) in members.enumerated() {
-            let spot = here.member(member.key, at: position)
             guard seen.insert(member.key) else {
-                issues.add(spot, "duplicate field")
+                issues.add(here.member(member.key, at: position), "duplicate field")
                 continue
             }
+            // `type` was read before this loop: a spot made for it would go unused.
+            if member.key == "type" { continue }
+            let spot = here.member(member.key, at: position)
             let value = member.value
             switch member.key {
-            case "type":
-                continue
             case "id":
                 if let id = checkID(value, spot) {
                     node.id = id
