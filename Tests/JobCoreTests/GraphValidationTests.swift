@@ -301,6 +301,17 @@ final class URLCheckTests: XCTestCase {
             ("http://a b/", "must not contain white space or control characters"),
             ("http://a\u{7F}/", "must not contain white space or control characters"),
             ("http://é/", "must be ASCII; percent-encode other characters"),
+            // Both: white space is reported, wherever each stands.
+            ("http://é/a b", "must not contain white space or control characters"),
+            ("http://a b/é", "must not contain white space or control characters"),
+            ("http1://a", "scheme must be http or https"),
+            // One letter off at each place of "https".
+            ("xttps://a", "scheme must be http or https"),
+            ("hxtps://a", "scheme must be http or https"),
+            ("htxps://a", "scheme must be http or https"),
+            ("httxs://a", "scheme must be http or https"),
+            ("httpx://a/", "scheme must be http or https"),
+            ("HTTPS://a", nil),
             ("http://a^b/", "has an invalid host"),
             ("http://[::1/", "has an invalid host"),
             ("http://[::1]x/", "has an invalid host"),

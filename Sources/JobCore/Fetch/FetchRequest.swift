@@ -12,8 +12,15 @@ public enum FetchCacheMode: String, Sendable, CaseIterable {
 public struct FetchRequest: Equatable, Sendable {
     /// The methods a fetch may use.
     public static let methods: Set<String> = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-    /// The methods that are idempotent unless the node says otherwise.
-    public static let idempotentMethods: Set<String> = ["GET", "HEAD", "PUT", "DELETE", "OPTIONS"]
+    /// Whether `method` is idempotent unless the node says otherwise. A `switch`, not a set: every fetch node a
+    /// submission validates asks, and hashing the method took 320 instructions a node, a twenty-fifth of validating
+    /// a list of fetches (callgrind).
+    public static func isIdempotent(_ method: String) -> Bool {
+        switch method {
+        case "GET", "HEAD", "PUT", "DELETE", "OPTIONS": return true
+        default: return false
+        }
+    }
 
     /// The request body: a string sent as is, or a JSON value sent as `application/json`.
     public enum Body: Equatable, Sendable {
@@ -57,7 +64,7 @@ public struct FetchRequest: Equatable, Sendable {
         self.acceptStatus = acceptStatus
         self.retries = retries
         self.retryBackoffMs = retryBackoffMs
-        self.idempotent = idempotent ?? FetchRequest.idempotentMethods.contains(method)
+        self.idempotent = idempotent ?? FetchRequest.isIdempotent(method)
         self.maxBytes = maxBytes
         self.followRedirects = followRedirects
     }

@@ -12,10 +12,15 @@ enum URLCheck {
 
     private static func problem(bytes: UnsafeBufferPointer<UInt8>, maxBytes: Int) -> String? {
         if bytes.count > maxBytes { return "must be at most \(maxBytes) bytes" }
-        if bytes.contains(where: { $0 <= 0x20 || $0 == 0x7F }) {
-            return "must not contain white space or control characters"
+        // One pass for both: white space or a control byte anywhere is reported before a byte that is not ASCII.
+        var sawControl = false
+        var sawNonASCII = false
+        for c in bytes {
+            if c <= 0x20 || c == 0x7F { sawControl = true }
+            if c >= 0x80 { sawNonASCII = true }
         }
-        if bytes.contains(where: { $0 >= 0x80 }) { return "must be ASCII; percent-encode other characters" }
+        if sawControl { return "must not contain white space or control characters" }
+        if sawNonASCII { return "must be ASCII; percent-encode other characters" }
 
         // scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ) ":"
         guard let colon = bytes.firstIndex(of: UInt8(ascii: ":")), colon > 0, isAlpha(bytes[0]),
@@ -23,9 +28,7 @@ enum URLCheck {
         else {
             return "must be an absolute http or https URL (http://host/path)"
         }
-        let scheme = bytes[0..<colon]
-        guard scheme.elementsEqual("http".utf8, by: sameLetter) || scheme.elementsEqual("https".utf8, by: sameLetter)
-        else { return "scheme must be http or https" }
+        guard isHTTPScheme(bytes[0..<colon]) else { return "scheme must be http or https" }
         let afterScheme = colon + 1
         guard bytes.count >= afterScheme + 2, bytes[afterScheme] == 0x2F, bytes[afterScheme + 1] == 0x2F else {
             return "must be an absolute http or https URL (http://host/path)"
@@ -87,6 +90,15 @@ enum URLCheck {
     private static func isOneOf(_ c: UInt8, _ set: StaticString) -> Bool {
         set.withUTF8Buffer { $0.contains(c) }
     }
-    /// Whether `a` and the lowercase letter `b` are the same letter in either case.
-    private static func sameLetter(_ a: UInt8, _ b: UInt8) -> Bool { a | 0x20 == b }
+    /// Whether `scheme` is `http` or `https`, in either case. Byte by byte: comparing it with each name's UTF-8 view
+    /// went through a generic `elementsEqual`, a fifth of the URL check.
+    private static func isHTTPScheme(_ scheme: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
+        guard scheme.count == 4 || scheme.count == 5 else { return false }
+        let s = scheme.startIndex
+        // `| 0x20` makes an ASCII letter lowercase; a digit or a sign it leaves unlike any of these letters.
+        guard scheme[s] | 0x20 == UInt8(ascii: "h"), scheme[s + 1] | 0x20 == UInt8(ascii: "t"),
+            scheme[s + 2] | 0x20 == UInt8(ascii: "t"), scheme[s + 3] | 0x20 == UInt8(ascii: "p")
+        else { return false }
+        return scheme.count == 4 || scheme[s + 4] | 0x20 == UInt8(ascii: "s")
+    }
 }
