@@ -125,6 +125,33 @@ final class ExpressionResolutionTests: XCTestCase {
         XCTAssertEqual(resolveError(base, whole, scope)?.kind, .invalidURL)
     }
 
+    /// `isEmpty` reads each field rather than comparing with `NodeDataflow()`: one row per field, each set alone, and
+    /// the rows are as many as the fields, so a field added without its row (or without its place in `isEmpty`) fails.
+    func testADataFlowIsEmptyOnlyWithEveryFieldUnset() throws {
+        let text = StringTemplate([.text("x")])
+        let named = [NamedTemplate(name: "n", value: text)]
+        let pointer = try XCTUnwrap(JSONPointerPath("/a"))
+        let rows: [(String, (inout NodeDataflow) -> Void)] = [
+            ("url", { $0.url = text }),
+            ("headers", { $0.headers = named }),
+            ("query", { $0.query = named }),
+            ("body", { $0.body = text }),
+            ("json", { $0.json = .value(1) }),
+            ("recover", { $0.recover = .value(1) }),
+            ("select", { $0.select = pointer }),
+            ("paginate", { $0.paginate = PaginateSpec(next: .link) }),
+            ("items", { $0.items = .value([]) }),
+        ]
+        XCTAssertEqual(rows.count, Mirror(reflecting: NodeDataflow()).children.count)
+        XCTAssertTrue(NodeDataflow().isEmpty)
+        for (field, set) in rows {
+            var flow = NodeDataflow()
+            set(&flow)
+            XCTAssertNotEqual(flow, NodeDataflow(), field)
+            XCTAssertFalse(flow.isEmpty, field)
+        }
+    }
+
     private func resolveError(_ base: FetchRequest, _ flow: NodeDataflow, _ scope: ExpressionScope) -> NodeError? {
         if case .failure(let error) = ExpressionResolver.request(base, flow, in: scope) { return error }
         return nil
