@@ -173,6 +173,9 @@ public struct HTTPResponse: Sendable {
     public var headers: HTTPHeaders
     /// The body; dropped on the wire for `HEAD` requests and for 1xx, 204 and 304.
     public var body: [UInt8]
+    /// More of the body, sent after `body` in order, each array queued as it is (by reference when large): an answer
+    /// made of several arrays goes out without being copied into one. Ignored with `bodyFile`.
+    public var bodyPieces: [[UInt8]]
     /// What `body` belongs to, if a handler shares it between answers (a cache of large answers): the server holds
     /// it for as long as it holds the body and lets go of both together, off the event loops. The owner can so tell,
     /// by its deinitialisation, when no connection needs the body any more.
@@ -187,12 +190,13 @@ public struct HTTPResponse: Sendable {
         self.status = status
         self.headers = headers
         self.body = body
+        self.bodyPieces = []
         self.bodyOwner = nil
         self.bodyFile = nil
     }
 
-    /// How many bytes the body has: `bodyFile`'s, or `body`'s.
-    public var bodyCount: Int { bodyFile?.count ?? body.count }
+    /// How many bytes the body has: `bodyFile`'s, or `body`'s and `bodyPieces`'.
+    public var bodyCount: Int { bodyFile?.count ?? bodyPieces.reduce(body.count) { $0 + $1.count } }
 
     /// A protocol-level error response: `{"error":{"code":…,"message":…}}` as `application/json`.
     /// - Parameters:

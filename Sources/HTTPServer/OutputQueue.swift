@@ -78,12 +78,13 @@ struct OutputQueue {
                               http10: http10, streamed: streamed, omitBody: true)
             append(contentsOf: head)
             if sendsBody { append(file: file, owner: response.bodyOwner) }
-        } else if sendsBody && response.body.count >= Self.shareThreshold {
+        } else if sendsBody && (response.body.count >= Self.shareThreshold || !response.bodyPieces.isEmpty) {
             // The head is written from a copy without the body; `Content-Length` still comes from the real one.
             serializeResponse(response, into: &head, dateHeader: dateHeader, isHead: isHead, keepAlive: keepAlive,
                               http10: http10, streamed: streamed, omitBody: true)
             append(contentsOf: head)
             append(body: response.body, owner: response.bodyOwner)
+            for piece in response.bodyPieces { append(body: piece, owner: response.bodyOwner) }
         } else {
             serializeResponse(response, into: &head, dateHeader: dateHeader, isHead: isHead, keepAlive: keepAlive,
                               http10: http10, streamed: streamed)

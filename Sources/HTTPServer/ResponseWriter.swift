@@ -58,6 +58,7 @@ func serializeResponse(_ response: HTTPResponse, into out: inout [UInt8], dateHe
     out.append(0x0A)
     if bodyAllowed && !isHead && streamed == nil && !omitBody && response.bodyFile == nil {
         out.append(contentsOf: response.body)
+        for piece in response.bodyPieces { out.append(contentsOf: piece) }
     }
 }
 

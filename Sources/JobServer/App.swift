@@ -563,12 +563,13 @@ final class App: @unchecked Sendable {
         return response
     }
 
-    /// Makes `response` send `answer` from its file, if it is kept in one (unless `response` has no body: a `304`),
-    /// and hold it while the body is sent.
+    /// Makes `response` send `answer` from its file, if it is kept in one, or with the rest of its pieces after its
+    /// first bytes (unless `response` has no body: a `304`), and hold it while the body is sent.
     static func attach(_ answer: SettledAnswer, to response: inout HTTPResponse) {
         if let file = answer.file, response.status == 200 {
             response.bodyFile = HTTPFileBody(fd: file.fd, count: file.count)
         }
+        if response.status == 200 { response.bodyPieces = answer.pieces }
         response.bodyOwner = answer
     }
 

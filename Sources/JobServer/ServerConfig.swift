@@ -47,6 +47,9 @@ struct ServerConfig: Equatable {
     /// temporary file beside the SQLite file and sent from there (`AnswerSpool`; tests lower it). No flag. So is a
     /// node list without results, live or stored.
     var spoolAnswerBytes = 8 << 20
+    /// A settled job's answer made from a result that is a list of this many entries or more is written on every
+    /// core at once (`EngineConfiguration.answerRunsMinimumEntries`; tests lower it). No flag.
+    var answerRunsMinimumEntries = EngineConfiguration().answerRunsMinimumEntries
     /// Where large answers are written: beside the SQLite file (on PostgreSQL, none is: no answer is written from
     /// the rows there, and a node list is made in memory).
     var answerSpool: AnswerSpool {
@@ -378,6 +381,7 @@ extension ServerConfig {
         c.maxPerHost = maxPerHost
         c.retentionMs = retentionMs
         c.settledCacheBytes = settledCacheBytes
+        c.answerRunsMinimumEntries = answerRunsMinimumEntries
         c.maxJobBytes = maxJobBytes
         c.maxResponseMemory = maxResponseMemory
         c.hostRates = hostRates

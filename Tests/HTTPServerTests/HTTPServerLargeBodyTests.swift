@@ -15,6 +15,13 @@ final class HTTPServerLargeBodyTests: XCTestCase {
             router.add("GET", "/big") { _, responder in
                 responder.send(HTTPResponse(status: 200, body: HTTPServerLargeBodyTests.bigBody))
             }
+            router.add("GET", "/pieces") { _, responder in
+                // The big body in three arrays: its first byte, a mebibyte, the rest.
+                let big = HTTPServerLargeBodyTests.bigBody
+                var response = HTTPResponse(status: 200, body: Array(big[..<1]))
+                response.bodyPieces = [Array(big[1..<(1 << 20)]), Array(big[(1 << 20)...])]
+                responder.send(response)
+            }
         })
     }
 
@@ -102,6 +109,14 @@ final class HTTPServerLargeBodyTests: XCTestCase {
     func testCurlDownloadsALargeResponse() throws {
         let result = try curl(["-o", "/dev/null", "-w", "%{size_download}", "\(server.base)/big"])
         XCTAssertEqual(result.stdout, String(HTTPServerLargeBodyTests.bigBody.count))
+    }
+
+    func testCurlDownloadsAResponseInPiecesWhole() throws {
+        let path = NSTemporaryDirectory() + "pieces-\(UUID().uuidString)"
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let result = try curl(["-o", path, "-w", "%{size_download}", "\(server.base)/pieces"])
+        XCTAssertEqual(result.stdout, String(HTTPServerLargeBodyTests.bigBody.count))
+        XCTAssertTrue(try Data(contentsOf: URL(fileURLWithPath: path)) == Data(HTTPServerLargeBodyTests.bigBody))
     }
 
     func testPipelinedBadRequestAfterAPendingOneIsAnsweredInOrder() throws {

@@ -72,6 +72,33 @@ final class OutputQueueTests: XCTestCase {
         XCTAssertTrue(shared, "the large body was copied")
     }
 
+    /// A body in pieces comes out as the pieces joined, after one head that counts them all; `HEAD` gets the head
+    /// alone, and a `304` no body. Each large piece is queued as it is, a small one copied.
+    func testABodyInPiecesComesOutJoinedAfterAHeadThatCountsThemAll() {
+        let large = [UInt8](repeating: 0x61, count: OutputQueue.shareThreshold)
+        for pieces in [[Array("b".utf8)], [large, Array(",c".utf8), large], [[], Array("d".utf8)]] {
+            var response = HTTPResponse(status: 200, body: Array("[a".utf8))
+            response.bodyPieces = pieces
+            let joined = pieces.reduce(response.body, +)
+            XCTAssertEqual(response.bodyCount, joined.count)
+            let whole = HTTPResponse(status: 200, body: joined)
+            var queue = OutputQueue()
+            queue.append(response, dateHeader: date, isHead: false, keepAlive: true, http10: false)
+            queue.append(response, dateHeader: date, isHead: true, keepAlive: true, http10: false)
+            XCTAssertTrue(queue.unsentBytes == serialized(whole) + serialized(whole, isHead: true), "\(pieces.map(\.count))")
+            XCTAssertTrue(serialized(response) == serialized(whole), "written in place: \(pieces.map(\.count))")
+            var notModified = response
+            notModified.status = 304
+            XCTAssertEqual(serialized(notModified), serialized(HTTPResponse(status: 304)))
+            let shared = large.withUnsafeBufferPointer { original in
+                queue.withChunks { chunks in
+                    chunks.filter { chunk in chunk.withUnsafeBufferPointer { $0.baseAddress == original.baseAddress } }.count
+                }
+            }
+            XCTAssertEqual(shared, pieces.filter { $0 == large }.count, "each large piece by reference")
+        }
+    }
+
     func testSendStopsAtTheBudgetAndTheRestFollowsOnTheNextTurns() throws {
         let body = (0..<200_000).map { UInt8(truncatingIfNeeded: $0 &* 13) }
         let response = HTTPResponse(status: 200, body: body)

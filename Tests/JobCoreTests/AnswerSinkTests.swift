@@ -39,6 +39,48 @@ final class AnswerSinkTests: XCTestCase {
         XCTAssertEqual(answer.count, expected.count)
     }
 
+    /// Arrays given as shared are kept as they are in memory, the answer made of them and what was written between;
+    /// in a file they are written as any other bytes. Copies of earlier ranges read across them.
+    func testSharedArraysAreKeptAsTheyAreInMemoryAndWrittenToAFile() throws {
+        let shared = (0..<3).map { k in Array(String(repeating: "\(k)", count: 100 + k).utf8) }
+        func write(into sink: inout AnswerSink) throws -> [UInt8] {
+            var expected = try self.write(into: &sink)
+            for text in shared {
+                try sink.append(shared: text)
+                try sink.append(shared: [])
+                expected += text
+                XCTAssertEqual(sink.count, expected.count)
+            }
+            sink.append(contentsOf: "x".utf8)
+            expected += Array("x".utf8)
+            try sink.append(shared: shared[0])
+            // From the bytes before the shared arrays to the x after them.
+            try sink.appendCopy(of: 5..<expected.count)
+            expected += shared[0] + expected[5...]
+            sink.append(contentsOf: "]".utf8)
+            return expected + Array("]".utf8)
+        }
+        var sink = AnswerSink(capacity: 1 << 20)
+        let expected = try write(into: &sink)
+        let answer = try sink.finish()
+        XCTAssertEqual(answer.count, expected.count)
+        XCTAssertTrue(try answer.allBytes() == expected)
+        XCTAssertEqual(answer.pieces.count, 6, "before, the three, an x, the first again, the rest")
+        XCTAssertLessThan(answer.bytes.capacity, 4096 + 2 * answer.bytes.count, "the room reserved is not kept")
+        for k in shared.indices {
+            let kept = answer.pieces[k].withUnsafeBufferPointer { piece in
+                shared[k].withUnsafeBufferPointer { $0.baseAddress == piece.baseAddress }
+            }
+            XCTAssertTrue(kept, "shared array \(k) was copied")
+        }
+        var file = try AnswerSink.spooled(in: NSTemporaryDirectory(), flushBytes: 64)
+        let written = try write(into: &file)
+        let spooled = try file.finish()
+        XCTAssertEqual(spooled.pieces.count, 0)
+        XCTAssertTrue(try XCTUnwrap(spooled.file).bytes() == written)
+        XCTAssertEqual(written, expected)
+    }
+
     func testInAFileTheAnswerIsTheSameBytesWhateverTheBufferSize() throws {
         for flushBytes in [1, 7, 64, 1 << 20] {
             var sink = try AnswerSink.spooled(in: NSTemporaryDirectory(), flushBytes: flushBytes)

@@ -18,10 +18,15 @@ final class EngineAnswerTextTests: EngineTestCase {
         var fromValues = 0
     }
 
-    private func makeRenderingEngine(settledCacheBytes: Int? = nil) throws -> (Engine, Locked<Renders>) {
+    private func makeRenderingEngine(
+        settledCacheBytes: Int? = nil, answerRunsMinimumEntries: Int? = nil
+    ) throws -> (Engine, Locked<Renders>) {
         let renders = Locked(Renders())
         let engine = try makeEngine(
-            configure: { config in if let settledCacheBytes { config.settledCacheBytes = settledCacheBytes } },
+            configure: { config in
+                if let settledCacheBytes { config.settledCacheBytes = settledCacheBytes }
+                if let answerRunsMinimumEntries { config.answerRunsMinimumEntries = answerRunsMinimumEntries }
+            },
             renderSettled: { job in
                 renders.withLock { $0.fromValues += 1 }
                 return job.result?.bytes ?? []
@@ -30,7 +35,7 @@ final class EngineAnswerTextTests: EngineTestCase {
                 var sink = AnswerSink(capacity: result.capacityBytes)
                 try result.write(to: &sink)
                 let answer = try sink.finish()
-                let made = (answer.bytes, job.result?.bytes ?? [], result.fromTexts ?? -1)
+                let made = (try answer.allBytes(), job.result?.bytes ?? [], result.fromTexts ?? -1)
                 renders.withLock { $0.fromTexts.append(made) }
                 return answer
             })
@@ -54,7 +59,7 @@ final class EngineAnswerTextTests: EngineTestCase {
         guard answers.wait(milliseconds: 10_000, until: { !$0.isEmpty }),
             case .settled(let settled) = answers.withLock({ $0[0] })
         else { throw UpstreamError("no settled answer: \(answers.withLock { $0 })") }
-        return settled.body
+        return try settled.answer.allBytes()
     }
 
     func testALongPollsAnswerFromTheChildrensTextsIsTheAnswerFromTheValues() throws {
@@ -143,6 +148,21 @@ final class EngineAnswerTextTests: EngineTestCase {
         XCTAssertEqual(renders.withLock { $0.fromTexts.count }, 0)
         XCTAssertEqual(renders.withLock { $0.fromValues }, 1)
         XCTAssertEqual(engine.queue.sync { engine.answerTextBytes }, 0)
+    }
+
+    /// Without texts, a list of many entries is written in runs at once (`EntryRuns`), one per core: the answer is
+    /// the same, sent in the runs' arrays.
+    func testWithoutTextsAListOfManyEntriesIsWrittenInRunsWithTheSameAnswer() throws {
+        guard EntryRuns.runs >= 2 else { throw XCTSkip("one core: every answer is written on one thread") }
+        let (engine, renders) = try makeRenderingEngine(settledCacheBytes: 0, answerRunsMinimumEntries: 4)
+        let children = (0..<5).map { k in #"{"type":"fetch","url":\#(u("/json?size=\(100 * k)"))}"# }
+        let answer = try answerOfHeldJob(
+            engine, key: "runs", graph: #"{"type":"list","children":[\#(children.joined(separator: ","))]}"#)
+        let made = try XCTUnwrap(renders.withLock { $0.fromTexts.last })
+        XCTAssertEqual(made.texts, -1, "written from the values, in runs")
+        XCTAssertEqual(renders.withLock { $0.fromValues }, 0)
+        XCTAssertEqual(String(decoding: made.written, as: UTF8.self), String(decoding: made.fromValues, as: UTF8.self))
+        XCTAssertEqual(answer, made.written)
     }
 
     /// Over the engine's bound only some children have texts; the others are written from their entries, and the

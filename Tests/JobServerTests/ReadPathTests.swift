@@ -229,6 +229,31 @@ final class ReadPathTests: XCTestCase {
         XCTAssertEqual(folder.filter { !$0.hasPrefix("jobs.sqlite") }, [], "a file left beside the store")
     }
 
+    /// A long-poll's answer written in runs at once (`EntryRuns`: no texts, as with the settled-job cache off, and a
+    /// list of at least `answerRunsMinimumEntries` entries) goes out in the runs' arrays, the same bytes as the job's
+    /// answer from the store; `HEAD` counts them all.
+    func testALongPollsAnswerWrittenInRunsIsSentWhole() throws {
+        guard EntryRuns.runs >= 2 else { throw XCTSkip("one core: every answer is written on one thread") }
+        try start {
+            $0.settledCacheBytes = 0
+            $0.answerRunsMinimumEntries = 3
+        }
+        var configuration = harness.app.makeServerConfiguration()
+        configuration.port = 0
+        let server = HTTPServer(configuration: configuration, router: harness.app.makeRouter())
+        let port = try server.start()
+        defer { _ = server.shutdown(gracePeriodSeconds: 2) }
+        let fetches = (1...7).map { #"{"type":"fetch","url":"\#(upstream.url("/json?size=\($0 * 300)"))"}"# }
+        let id = harness.submit(#"{"graph":{"type":"list","children":[\#(fetches.joined(separator: ","))]}}"#)
+        let answer = try RawHTTPClient.send(port: port, "GET", "/v1/jobs/\(id)?wait=30")
+        XCTAssertEqual(answer.status, 200)
+        waitUntilRetired(id)
+        let stored = try XCTUnwrap(try harness.engine.store.jobWithoutRequest(id: id))
+        XCTAssertEqual(stored.state, .succeeded)
+        XCTAssertEqual(answer.text, String(decoding: Presentation.jobBytes(stored), as: UTF8.self))
+        XCTAssertEqual(answer.header("Content-Length"), String(answer.body.count))
+    }
+
     /// Submits a job with every kind of entry (JSON, text and bytes bodies, a failed fetch, a `consume_errors` list,
     /// a `fire_on_first_result` list, `name` and `metadata`), waits until it succeeded and left memory.
     private func submitMixedJobAndRetire() -> String {

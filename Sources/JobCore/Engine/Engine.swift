@@ -1095,7 +1095,7 @@ public final class Engine: @unchecked Sendable {
                     settled = kept
                 } else {
                     let made =
-                        self.settledAnswer(live, texts: texts)
+                        self.settledAnswer(live, texts: texts) ?? self.settledAnswerInRuns(live)
                         ?? SettledJob(id: live.id, version: live.version, body: renderSettled(live))
                     self.settledJobs.insert(made, ifNoRemovalSince: removals)
                     settled = made
@@ -1117,6 +1117,17 @@ public final class Engine: @unchecked Sendable {
     private func settledAnswer(_ live: JobRecord, texts: AnswerTexts?) -> SettledJob? {
         guard let texts, let renderSettledAround, case .array(let entries)? = live.result,
             entries.count == texts.texts.count, let answer = try? renderSettledAround(live, texts.resultText(entries))
+        else { return nil }
+        return SettledJob(id: live.id, version: live.version, answer: answer)
+    }
+
+    /// The settled answer of `live` with a result of many entries written on every core at once (`EntryRuns`), in
+    /// memory as `renderSettledAround` makes it; `nil` for a result that is not such a list, or on one core.
+    private func settledAnswerInRuns(_ live: JobRecord) -> SettledJob? {
+        guard let renderSettledAround, case .array(let entries)? = live.result,
+            let result = EntryRuns.resultText(
+                entries, runs: EntryRuns.runs, minimumEntries: configuration.answerRunsMinimumEntries, nice: reads.nice),
+            let answer = try? renderSettledAround(live, result)
         else { return nil }
         return SettledJob(id: live.id, version: live.version, answer: answer)
     }
@@ -1688,7 +1699,7 @@ public struct SettledJob: Sendable {
     public let version: Int64
     /// The answer's one copy, which every reader of it shares.
     public let answer: SettledAnswer
-    /// The answer's body.
+    /// The answer's body: all of it, or its first bytes when `answer.pieces` has more.
     public var body: [UInt8] { answer.bytes }
 
     public init(id: String, version: Int64, body: [UInt8]) {
@@ -1706,21 +1717,38 @@ public struct SettledJob: Sendable {
 /// (`HTTPResponse.bodyOwner`), so that the settled-job cache sees when no reader needs an answer too large to keep.
 /// A very large one is kept in a temporary file instead (`file`, with `bytes` empty), sent from there.
 public final class SettledAnswer: Sendable {
+    /// The answer's bytes, or its first bytes when `pieces` has more.
     public let bytes: [UInt8]
+    /// The rest of the answer after `bytes`, in order: the arrays it was written in (`AnswerSink.append(shared:)`),
+    /// sent as they are rather than copied into one. Empty for most answers.
+    public let pieces: [[UInt8]]
     public let file: SpooledAnswer?
+    /// The answer's length, wherever it is kept.
+    public let count: Int
 
-    public init(_ bytes: [UInt8]) {
+    public convenience init(_ bytes: [UInt8]) {
+        self.init(bytes, pieces: [])
+    }
+
+    init(_ bytes: [UInt8], pieces: [[UInt8]]) {
         self.bytes = bytes
+        self.pieces = pieces
         self.file = nil
+        self.count = pieces.reduce(bytes.count) { $0 + $1.count }
     }
 
     init(file: SpooledAnswer) {
         self.bytes = []
+        self.pieces = []
         self.file = file
+        self.count = file.count
     }
 
-    /// The answer's length, wherever it is kept.
-    public var count: Int { file?.count ?? bytes.count }
+    /// All of the answer's bytes in one array, from its pieces or its file (tests).
+    public func allBytes() throws -> [UInt8] {
+        if let file { return try file.bytes() }
+        return pieces.reduce(bytes, +)
+    }
 }
 
 /// What `Engine.readJob` found.

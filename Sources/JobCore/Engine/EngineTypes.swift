@@ -17,6 +17,9 @@ public struct EngineConfiguration: Sendable {
     public var sweepIntervalMs = 60_000
     /// Settled jobs' answers kept in memory, in bytes (bodies, ids and a fixed overhead per entry); 0 keeps none.
     public var settledCacheBytes = 64 << 20
+    /// A settled job's answer made at the end from a result that is a list of this many entries or more is written
+    /// on every core at once (`EntryRuns`): fewer are not worth handing out.
+    public var answerRunsMinimumEntries = 4_096
     /// Answers made from the store for jobs of this many nodes or more are made one at a time (`Engine.largeReads`).
     public var largeReadNodes = 10_000
     /// Each job's response byte budget (`ByteBudget`); 0: none. The server sets it from `--max-job-bytes`.

@@ -30,11 +30,14 @@ public final class SpooledAnswer: Sendable {
 /// Writers append to `buffer` (or through `append`) and call `flushIfFull` between pieces; `count` is where the
 /// next byte goes, and `appendCopy` copies what was written before, from the buffer or the file.
 public struct AnswerSink {
-    /// What is written and not in the file yet: all of the answer, in memory.
+    /// What is written and not in the file yet: in memory, all of the answer after `pieces`.
     public var buffer: [UInt8]
     /// The temporary file, owned here until `finish`; `nil` in memory.
     private var file: FileDescriptor?
-    /// Bytes already in the file, before `buffer`'s.
+    /// In memory, the answer's arrays before `buffer`, in order: those `append(shared:)` was given, and what was
+    /// written before each. Empty in a file.
+    private var pieces: [[UInt8]] = []
+    /// Bytes before `buffer`'s: in the file, or in `pieces`.
     private var flushed = 0
     /// A file's buffer is written out once it holds this much.
     private let flushBytes: Int
@@ -71,6 +74,25 @@ public struct AnswerSink {
         buffer.append(contentsOf: bytes)
     }
 
+    /// Appends `bytes`, which in memory are kept as they are, not copied: the answer is then made of several arrays
+    /// (`SettledAnswer.pieces`). Worth it only for large arrays the writer would otherwise copy whole.
+    /// - Throws: `StoreError.io` when writing to the file fails.
+    public mutating func append(shared bytes: [UInt8]) throws {
+        guard file == nil else {
+            buffer.append(contentsOf: bytes)
+            return try flushIfFull()
+        }
+        guard !bytes.isEmpty else { return }
+        let total = count + bytes.count
+        if !buffer.isEmpty {
+            // Room reserved for the whole answer is not kept behind what was written before.
+            pieces.append(buffer.capacity > 2 * buffer.count + 4096 ? buffer.withUnsafeBufferPointer { Array($0) } : buffer)
+            buffer = []
+        }
+        pieces.append(bytes)
+        flushed = total
+    }
+
     /// Writes the buffer to the file once it holds `flushBytes` (in memory: nothing).
     /// - Throws: `StoreError.io` when the write fails (a full disk).
     public mutating func flushIfFull() throws {
@@ -86,8 +108,20 @@ public struct AnswerSink {
             buffer.append(contentsOf: copy)
             return
         }
+        guard let file else {
+            // In memory, from the pieces (and the buffer) the range spans.
+            var copy: [UInt8] = []
+            copy.reserveCapacity(range.count)
+            var start = 0
+            for piece in pieces + [buffer] {
+                let from = max(range.lowerBound, start)
+                let to = min(range.upperBound, start + piece.count)
+                if from < to { copy.append(contentsOf: piece[(from - start)..<(to - start)]) }
+                start += piece.count
+            }
+            return buffer.append(contentsOf: copy)
+        }
         if range.upperBound > flushed { try flush() }
-        guard let file else { return }
         let start = buffer.count
         buffer.append(contentsOf: repeatElement(0, count: range.count))
         try buffer.withUnsafeMutableBytes { all in
@@ -98,7 +132,10 @@ public struct AnswerSink {
     /// What was written: the bytes, or the file they were written to. The sink is spent.
     /// - Throws: `StoreError.io` when the last write fails.
     public mutating func finish() throws -> SettledAnswer {
-        guard let file else { return SettledAnswer(buffer) }
+        guard let file else {
+            guard let first = pieces.first else { return SettledAnswer(buffer) }
+            return SettledAnswer(first, pieces: pieces.dropFirst() + (buffer.isEmpty ? [] : [buffer]))
+        }
         try flush()
         return SettledAnswer(file: SpooledAnswer(fd: file.take(), count: flushed))
     }
