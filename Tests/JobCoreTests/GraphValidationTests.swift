@@ -165,6 +165,28 @@ final class GraphValidationTests: XCTestCase {
         }
     }
 
+    /// Each fetch field is found by its name, and checked: given a value of a type no field but `json` takes, a
+    /// fetch is refused at that field with the field's own message, not as an unknown field. No other name is found.
+    func testEveryFetchFieldIsFoundByItsNameAndChecked() throws {
+        for field in GraphValidator.FetchField.allCases {
+            XCTAssertEqual(GraphValidator.FetchField.named(field.rawValue), field, field.rawValue)
+            let url = field == .url ? "" : #""url":"http://api.local/x","#
+            let body = #"{"graph":{"type":"fetch",\#(url)"\#(field.rawValue)":{"no":[]}}}"#
+            if field == .json {
+                XCTAssertEqual(try spec(body).graph.nodes.first?.fetchRequest?.body, .json(.object([JSONMember("no", .array([]))])))
+                continue
+            }
+            let found = issues(body)
+            XCTAssertFalse(found.isEmpty, field.rawValue)
+            XCTAssertTrue(found.allSatisfy { $0.pointer.hasPrefix("/graph/\(field.rawValue)") }, "\(field.rawValue): \(found)")
+            XCTAssertFalse(found.contains { $0.message.contains("unknown field") }, "\(field.rawValue): \(found)")
+        }
+        XCTAssertEqual(GraphValidator.fetchFields.count, GraphValidator.FetchField.allCases.count)
+        for name in ["URL", "urls", "", "children", "type", "accept-status"] {
+            XCTAssertNil(GraphValidator.FetchField.named(name), name)
+        }
+    }
+
     func testNameOfExactly200CharactersIsAccepted() throws {
         let name = String(repeating: "é", count: 200)
         let spec = try spec(#"{"name":"\#(name)","graph":\#(Self.leaf)}"#)
