@@ -1126,7 +1126,7 @@ public final class Engine: @unchecked Sendable {
     private func settledAnswerInRuns(_ live: JobRecord) -> SettledJob? {
         guard let renderSettledAround, case .array(let entries)? = live.result,
             let result = EntryRuns.resultText(
-                entries, runs: EntryRuns.runs, minimumEntries: configuration.answerRunsMinimumEntries, nice: reads.nice),
+                entries, runs: CoreRuns.count, minimumEntries: configuration.answerRunsMinimumEntries, nice: reads.nice),
             let answer = try? renderSettledAround(live, result)
         else { return nil }
         return SettledJob(id: live.id, version: live.version, answer: answer)

@@ -133,14 +133,11 @@ extension JobRun {
 
 /// A settled list's entries written as JSON text on every core at once, for an answer made from the values at the
 /// end (no texts were written as the children succeeded, as for a list whose texts would not fit the bound): each
-/// core writes one run of consecutive entries into an array of its own, and the answer is those arrays, sent one
-/// after another (`AnswerSink.append(shared:)`), not copied into one. Written on one thread, with a first pass that
+/// core writes one run of consecutive entries into an array of its own (`CoreRuns`), and the answer is those arrays,
+/// sent one after another (`AnswerSink.append(shared:)`), not copied into one. Written on one thread, with a first pass that
 /// counted its length, the 142 MB answer of a list of 100,000 fetches of 1 KiB took most of the wait from the last
 /// fetch's end to the answer's first byte, while the other core had nothing to do but the store's writer.
 enum EntryRuns {
-    /// How many runs: one per core the process may use, up to 8.
-    static let runs = min(8, ProcessInfo.processInfo.activeProcessorCount)
-
     /// `entries` (a list's result, `[…]`) as the answer writes it, in `runs` runs written at once; `nil` for fewer
     /// than `minimumEntries` entries (`EngineConfiguration.answerRunsMinimumEntries`) or fewer than two runs.
     static func resultText(_ entries: [JSONValue], runs: Int, minimumEntries: Int, nice: Int32) -> StoredResultText? {
@@ -156,36 +153,20 @@ enum EntryRuns {
 
     /// Each run's text: its entries' compact JSON, separated by commas, without brackets; every run but the first
     /// begins with the comma that parts it from the run before. Every run has at least one entry
-    /// (`runs <= entries.count`). The first run is written on the calling thread, each other on a queue of its
-    /// own (`queues`), which waits for nothing: two answers written at once take turns there, never wait on each other.
-    /// - Parameter nice: the nice value the other runs are written at (the calling thread's, a read's).
+    /// (`runs <= entries.count`).
+    /// - Parameter nice: the nice value the runs but the first are written at (the calling thread's, a read's).
     static func write(_ entries: [JSONValue], runs: Int, nice: Int32) -> [[UInt8]] {
         let texts = Locked([[UInt8]](repeating: [], count: runs))
-        let written = DispatchGroup()
-        for run in 1..<runs {
-            queues[(run - 1) % queues.count].async(group: written) {
-                lowerCurrentThreadPriority(to: nice)
-                let text = write(entries, run: run, of: runs)
-                texts.withLock { $0[run] = text }
-            }
+        CoreRuns.perform(runs, nice: nice) { run in
+            let text = write(entries, run: run, of: runs)
+            texts.withLock { $0[run] = text }
         }
-        let first = write(entries, run: 0, of: runs)
-        written.wait()
-        return texts.withLock {
-            $0[0] = first
-            return $0
-        }
-    }
-
-    /// The queues that write every run but the first, of the reads' class: their threads are left at the reads'
-    /// nice value (`ReadPool.qos`).
-    private static let queues = (1..<max(2, runs)).map {
-        DispatchQueue(label: "jobserver.answer-run.\($0)", qos: ReadPool.qos)
+        return texts.withLock { $0 }
     }
 
     /// The text of run `run` of `runs`.
     private static func write(_ entries: [JSONValue], run: Int, of runs: Int) -> [UInt8] {
-        let range = (entries.count * run / runs)..<(entries.count * (run + 1) / runs)
+        let range = CoreRuns.part(run, of: runs, count: entries.count)
         var text: [UInt8] = []
         // The run's first entry's length for each: a list's entries are mostly alike, and a run that outgrows it is
         // grown by doubling.
