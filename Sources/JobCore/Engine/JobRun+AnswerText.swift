@@ -134,9 +134,9 @@ extension JobRun {
 /// A settled list's entries written as JSON text on every core at once, for an answer made from the values at the
 /// end (no texts were written as the children succeeded, as for a list whose texts would not fit the bound): each
 /// core writes one run of consecutive entries into an array of its own (`CoreRuns`), and the answer is those arrays,
-/// sent one after another (`AnswerSink.append(shared:)`), not copied into one. Written on one thread, with a first pass that
-/// counted its length, the 142 MB answer of a list of 100,000 fetches of 1 KiB took most of the wait from the last
-/// fetch's end to the answer's first byte, while the other core had nothing to do but the store's writer.
+/// sent one after another (`AnswerSink.append(shared:)`), not copied into one. Written on one thread, with a first
+/// pass that counted its length, the 142 MB answer of a list of 100,000 fetches of 1 KiB took most of the wait from
+/// the last fetch's end to the answer's first byte, while the other core had nothing to do but the store's writer.
 enum EntryRuns {
     /// `entries` (a list's result, `[…]`) as the answer writes it, in `runs` runs written at once; `nil` for fewer
     /// than `minimumEntries` entries (`EngineConfiguration.answerRunsMinimumEntries`) or fewer than two runs.

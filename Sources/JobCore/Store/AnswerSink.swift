@@ -28,7 +28,8 @@ public final class SpooledAnswer: Sendable {
 /// results) costs a mebibyte of memory while it is written, whatever its size.
 ///
 /// Writers append to `buffer` (or through `append`) and call `flushIfFull` between pieces; `count` is where the
-/// next byte goes, and `appendCopy` copies what was written before, from the buffer or the file.
+/// next byte goes, and `appendCopy` copies what was written before, from the buffer, the file or (in memory) the
+/// arrays given to `append(shared:)`.
 public struct AnswerSink {
     /// What is written and not in the file yet: in memory, all of the answer after `pieces`.
     public var buffer: [UInt8]
