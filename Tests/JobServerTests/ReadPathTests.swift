@@ -231,7 +231,7 @@ final class ReadPathTests: XCTestCase {
 
     /// A long-poll's answer written in runs at once (`EntryRuns`: no texts, as with the settled-job cache off, and a
     /// list of at least `answerRunsMinimumEntries` entries) goes out in the runs' arrays, the same bytes as the job's
-    /// answer from the store; `HEAD` counts them all.
+    /// answer from the store, under a `Content-Length` that counts them all.
     func testALongPollsAnswerWrittenInRunsIsSentWhole() throws {
         guard CoreRuns.count >= 2 else { throw XCTSkip("one core: every answer is written on one thread") }
         try start {
