@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
@@ -59,8 +59,11 @@ console = []
 
 
 def wait(condition, seconds=10, message="condition"):
+    # A condition that reads elements the page replaces meanwhile (the jobs list renders again as jobs change) is
+    # asked again, not failed: a stale element says only that the page moved on between finding it and reading it.
     try:
-        return WebDriverWait(driver, seconds, poll_frequency=0.05).until(condition)
+        return WebDriverWait(driver, seconds, poll_frequency=0.05,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(condition)
     except TimeoutException:
         shot("failure")
         raise SystemExit(f"FAIL ui.test: timed out after {seconds}s waiting for {message}")
