@@ -1095,7 +1095,7 @@ public final class Engine: @unchecked Sendable {
                     settled = kept
                 } else {
                     let made =
-                        self.settledAnswer(live, texts: texts) ?? self.settledAnswerInRuns(live)
+                        self.settledAnswer(live, texts: texts)
                         ?? SettledJob(id: live.id, version: live.version, body: renderSettled(live))
                     self.settledJobs.insert(made, ifNoRemovalSince: removals)
                     settled = made
@@ -1111,24 +1111,21 @@ public final class Engine: @unchecked Sendable {
         }
     }
 
-    /// The settled answer of `live` with its result written from the texts of its root list's children (in memory,
-    /// as `renderSettled` makes it); `nil` without texts, or when the result is not the list's entries. Writing to
-    /// memory fails on nothing but the memory itself; should it throw, the answer is made from the values.
+    /// The settled answer of `live` whose result is a list written as text ahead of the rest (in memory, as
+    /// `renderSettled` makes it): from the texts of its root list's children where they are all there to match its
+    /// entries, else, for a list of many entries, on every core at once (`EntryRuns`). `nil` for any other result.
+    /// Writing to memory fails on nothing but the memory itself; should it throw, the answer is made from the values.
     private func settledAnswer(_ live: JobRecord, texts: AnswerTexts?) -> SettledJob? {
-        guard let texts, let renderSettledAround, case .array(let entries)? = live.result,
-            entries.count == texts.texts.count, let answer = try? renderSettledAround(live, texts.resultText(entries))
-        else { return nil }
-        return SettledJob(id: live.id, version: live.version, answer: answer)
-    }
-
-    /// The settled answer of `live` with a result of many entries written on every core at once (`EntryRuns`), in
-    /// memory as `renderSettledAround` makes it; `nil` for a result that is not such a list, or on one core.
-    private func settledAnswerInRuns(_ live: JobRecord) -> SettledJob? {
-        guard let renderSettledAround, case .array(let entries)? = live.result,
-            let result = EntryRuns.resultText(
-                entries, runs: CoreRuns.count, minimumEntries: configuration.answerRunsMinimumEntries, nice: reads.nice),
-            let answer = try? renderSettledAround(live, result)
-        else { return nil }
+        guard let renderSettledAround, case .array(let entries)? = live.result else { return nil }
+        let result =
+            if let texts, texts.texts.count == entries.count {
+                texts.resultText(entries)
+            } else {
+                EntryRuns.resultText(
+                    entries, runs: CoreRuns.count, minimumEntries: configuration.answerRunsMinimumEntries,
+                    nice: reads.nice)
+            }
+        guard let result, let answer = try? renderSettledAround(live, result) else { return nil }
         return SettledJob(id: live.id, version: live.version, answer: answer)
     }
 
