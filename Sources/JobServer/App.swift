@@ -566,10 +566,10 @@ final class App: @unchecked Sendable {
     /// Makes `response` send `answer` from its file, if it is kept in one, or with the rest of its pieces after its
     /// first bytes (unless `response` has no body: a `304`), and hold it while the body is sent.
     static func attach(_ answer: SettledAnswer, to response: inout HTTPResponse) {
-        if let file = answer.file, response.status == 200 {
-            response.bodyFile = HTTPFileBody(fd: file.fd, count: file.count)
+        if response.status == 200 {
+            response.bodyFile = answer.file.map { HTTPFileBody(fd: $0.fd, count: $0.count) }
+            response.bodyPieces = answer.pieces
         }
-        if response.status == 200 { response.bodyPieces = answer.pieces }
         response.bodyOwner = answer
     }
 

@@ -1744,7 +1744,7 @@ public final class SettledAnswer: Sendable {
     /// All of the answer's bytes in one array, from its pieces or its file (tests).
     public func allBytes() throws -> [UInt8] {
         if let file { return try file.bytes() }
-        return pieces.reduce(bytes, +)
+        return bytes + pieces.joined()
     }
 }
 

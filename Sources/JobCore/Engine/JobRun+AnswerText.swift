@@ -1,4 +1,3 @@
-import Foundation
 import Threads
 
 /// The results of a running job's top-level list, each written as JSON text as its child succeeds, for the settled
