@@ -1012,22 +1012,13 @@ final class WriterStatus: Sendable {
 final class StoreWriter: @unchecked Sendable {
     // @unchecked: the `var`s and `db` belong to the writer thread (`run` and what it calls), which is the only one
     // that touches them after `init`; `status` is shared and guards itself.
-    static let firstRetryMs: Int64 = 50
-    static let maxRetryMs: Int64 = 5000
-
     private let db: SQLiteConnection
     private let logger: Logger
     let status = WriterStatus()
     private var fullSync = false
     private var pending = PendingChanges(defersUnchangedRows: true)
-    /// `.committed` ops, answered when `pending` is empty after a commit.
-    private var commitWaiters: [WriteTicket<Void>] = []
-    /// Changes given up (a failure other than a resource), reported by the next `flush`.
-    private var droppedFailure: StoreError?
-    /// Set while degraded: the failure, the current delay and when to try again.
-    private var failure: StoreError?
-    private var retryDelayMs: Int64 = 0
-    private var retryAtMs: Int64 = 0
+    /// The commits and flushes to answer, and while degraded the failure and when to try again.
+    private var recovery = WriteRecovery()
     /// When the last transaction committed (monotonic ms).
     private var lastCommitMs: Int64 = 0
     /// Whether a commit may have left pages in the WAL that no checkpoint has copied since.
@@ -1043,7 +1034,9 @@ final class StoreWriter: @unchecked Sendable {
         queue.writerStarted(logger: logger)
         while true {
             let next: [WriteOp]?
-            if failure == nil {
+            if let wait = recovery.retryWaitMs {
+                next = queue.take(waitingAtMostMs: wait)
+            } else {
                 next = queue.take(
                     gatheringChangesUntilMs: lastCommitMs + StoreWriter.gatherMs,
                     idleMs: walMayHoldCommits ? StoreWriter.idleCheckpointMs : nil
@@ -1054,23 +1047,13 @@ final class StoreWriter: @unchecked Sendable {
                     checkpointWhileIdle()
                     continue
                 }
-            } else {
-                next = queue.take(waitingAtMostMs: max(0, retryAtMs - Timestamp.monotonicMs()))
             }
             guard let batch = next else { break }
             write(batch)
         }
-        if !pending.isEmpty {
-            // Closing: one last try, whatever the delay.
-            attempt([])
-            if !pending.isEmpty {
-                logger.error("store closed with state changes it could not write; their jobs resume from the stored state", [
-                    "records": .int(pending.count), "error": .string(failure?.description ?? ""),
-                ])
-            }
-        }
-        for ticket in commitWaiters { ticket.complete(.failure(StoreError(.closed, "store closed before the changes were written"))) }
-        commitWaiters.removeAll()
+        // Closing: one last try, whatever the delay.
+        if !pending.isEmpty { attempt([]) }
+        recovery.close(unwritten: pending.count, logger: logger)
         db.close()
     }
 
@@ -1080,15 +1063,14 @@ final class StoreWriter: @unchecked Sendable {
         for op in batch {
             switch op {
             case .changes(let changes): pending.merge(changes)
-            case .committed(let ticket): commitWaiters.append(ticket)
+            case .committed(let ticket): recovery.awaitCommit(ticket)
             default: ops.append(op)
             }
         }
-        if pending.isEmpty { answerCommitWaiters(.success(())) }
+        if pending.isEmpty { recovery.answerCommitWaiters(.success(())) }
         // Only rows that wait for their first change (`PendingChanges.unchanged`): nothing to commit yet.
-        if pending.isEmpty, ops.isEmpty, failure == nil { return }
-        if let failure, Timestamp.monotonicMs() < retryAtMs {
-            // Not yet time to try again: refused at once rather than each request waiting on a failing disk.
+        if pending.isEmpty, ops.isEmpty, recovery.failure == nil { return }
+        if let failure = recovery.failureBeforeRetry {
             let refusal = StoreError(.unavailable, "writes are failing (\(failure)); retrying", sqliteCode: failure.sqliteCode)
             for op in ops { fail(op, refusal) }
             return
@@ -1099,12 +1081,12 @@ final class StoreWriter: @unchecked Sendable {
     /// Writes the pending changes and `ops` in one transaction; if that fails for something other than
     /// a resource, each part alone, so that one bad part fails alone.
     private func attempt(_ ops: [WriteOp]) {
-        if failure != nil && pending.count > StoreWriter.recoveryPartRecords && !writePendingInParts() {
-            for op in ops { fail(op, failure ?? StoreError(.unavailable, "store writes are failing")) }
+        if recovery.failure != nil && pending.count > StoreWriter.recoveryPartRecords && !writePendingInParts() {
+            for op in ops { fail(op, recovery.failure ?? StoreError(.unavailable, "store writes are failing")) }
             return
         }
         // Degraded with nothing kept: a one-row write shows whether the disk takes writes again.
-        let probe = failure != nil && pending.isEmpty && ops.isEmpty
+        let probe = recovery.failure != nil && pending.isEmpty && ops.isEmpty
         var answers: [() -> Void] = []
         do {
             try transaction(fullSync: ops.contains { $0.needsFullSync }, includesPending: true) {
@@ -1120,8 +1102,8 @@ final class StoreWriter: @unchecked Sendable {
             return
         } catch {
             logger.warning("store batch failed; writing its parts one by one", ["error": .string("\(error)")])
-            // Still degraded if nothing below commits: the next retry keeps its delay rather than spinning.
-            if failure != nil { retryAtMs = Timestamp.monotonicMs() + retryDelayMs }
+            // Still degraded if nothing below commits.
+            recovery.keepDelay()
         }
         if !pending.isEmpty {
             do {
@@ -1132,14 +1114,8 @@ final class StoreWriter: @unchecked Sendable {
                 return
             } catch {
                 let storeError = error as? StoreError ?? StoreError(.io, "\(error)")
-                logger.error("store gave up state changes it cannot write", [
-                    "error": .string(storeError.description), "records": .int(pending.count),
-                ])
-                let count = pending.count
-                status.update { $0.droppedChanges += count }
+                recovery.gaveUp(storeError, records: pending.count, status: status, logger: logger)
                 pending.removeAll()
-                droppedFailure = storeError
-                answerCommitWaiters(.failure(storeError))
             }
         }
         for op in ops {
@@ -1226,60 +1202,22 @@ final class StoreWriter: @unchecked Sendable {
             status.setWALCopied(false)
         }
         if includesPending { pending.removeAll() }
-        let recoveredFrom = pending.isEmpty ? failure : nil
-        if recoveredFrom != nil {
-            failure = nil
-            retryDelayMs = 0
-        }
+        let recoveredFrom = recovery.committed(nothingPending: pending.isEmpty)
         // Health first: whoever was waiting for this commit must see the store as it now is.
         publish()
         // Logged once health says so: whoever reads the line then finds the store healthy.
         if let recoveredFrom { logger.info("store writes recovered", ["after": .string(recoveredFrom.description)]) }
-        if includesPending { answerCommitWaiters(.success(())) }
+        if includesPending { recovery.answerCommitWaiters(.success(())) }
     }
 
     private func degrade(_ error: StoreError) {
         status.update { $0.writeFailures += 1 }
-        if failure == nil {
-            retryDelayMs = StoreWriter.firstRetryMs
-            logger.error("store writes are failing; state changes are kept and retried", [
-                "error": .string(error.description), "records": .int(pending.count),
-            ])
-        } else {
-            retryDelayMs = min(retryDelayMs * 2, StoreWriter.maxRetryMs)
-            logger.warning("store write retry failed", [
-                "error": .string(error.description), "records": .int(pending.count), "next_retry_ms": .int(Int(retryDelayMs)),
-            ])
-        }
-        failure = error
-        retryAtMs = Timestamp.monotonicMs() + retryDelayMs
+        recovery.degrade(error, records: pending.count, logger: logger)
         // Before the ops this failure refuses are answered: whoever was refused then finds the store degraded.
         publish()
     }
 
-    private func publish() {
-        let degraded = failure
-        let count = pending.count
-        status.update {
-            $0.degraded = degraded != nil
-            $0.lastError = degraded
-            $0.pendingChanges = count
-        }
-    }
-
-    private func answerCommitWaiters(_ result: Result<Void, StoreError>) {
-        if commitWaiters.isEmpty { return }
-        for ticket in commitWaiters { ticket.complete(result) }
-        commitWaiters.removeAll()
-    }
-
-    /// A flush is answered with success once nothing queued before it is left unwritten, and with
-    /// (once) the failure of changes given up since the previous flush.
-    private func answer(_ ticket: WriteTicket<Void>) {
-        let dropped = droppedFailure
-        droppedFailure = nil
-        ticket.complete(dropped.map { .failure($0) } ?? .success(()))
-    }
+    private func publish() { recovery.publish(to: status, pending: pending.count) }
 
     private func fail(_ op: WriteOp, _ error: StoreError) {
         switch op {
@@ -1292,7 +1230,7 @@ final class StoreWriter: @unchecked Sendable {
             ticket.complete(.failure(error))
         case .barrier(let ticket):
             // Nothing queued before it is left unwritten: the failure was another op's.
-            if pending.isEmpty { answer(ticket) } else { ticket.complete(.failure(error)) }
+            if pending.isEmpty { recovery.answerFlush(ticket) } else { ticket.complete(.failure(error)) }
         case .changes, .committed:
             break  // never in `ops`: merged into `pending` and `commitWaiters` first
         }
@@ -1310,7 +1248,7 @@ final class StoreWriter: @unchecked Sendable {
             let count = try sweep(before: before, limit: limit)
             answers.append { ticket.complete(.success(count)) }
         case .barrier(let ticket):
-            answers.append { [self] in answer(ticket) }
+            answers.append { [self] in recovery.answerFlush(ticket) }
         case .expand(let expansion, let ticket):
             try insert(expansion)
             answers.append { ticket.complete(.success(())) }

@@ -6,11 +6,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
     private let logger: Logger
     let status = WriterStatus()
     private var pending = PendingChanges()
-    private var commitWaiters: [WriteTicket<Void>] = []
-    private var droppedFailure: StoreError?
-    private var failure: StoreError?
-    private var retryDelayMs: Int64 = 0
-    private var retryAtMs: Int64 = 0
+    private var recovery = WriteRecovery()
     private let leases: PostgresLeases
     /// Of the transaction in progress, applied to `leases` once it commits: jobs whose lease it took (written
     /// while no live server held them) and jobs whose changes it left out (another server holds them now).
@@ -31,20 +27,11 @@ final class PostgresStoreWriter: @unchecked Sendable {
     func run(_ queue: WriteQueue) {
         queue.writerStarted(logger: logger)
         while true {
-            let wait = failure == nil ? nil : max(0, retryAtMs - Timestamp.monotonicMs())
-            guard let batch = queue.take(waitingAtMostMs: wait) else { break }
+            guard let batch = queue.take(waitingAtMostMs: recovery.retryWaitMs) else { break }
             write(batch)
         }
-        if !pending.isEmpty {
-            attempt([])
-            if !pending.isEmpty {
-                logger.error("store closed with state changes it could not write; their jobs resume from the stored state", [
-                    "records": .int(pending.count), "error": .string(failure?.description ?? ""),
-                ])
-            }
-        }
-        for ticket in commitWaiters { ticket.complete(.failure(StoreError(.closed, "store closed before the changes were written"))) }
-        commitWaiters.removeAll()
+        if !pending.isEmpty { attempt([]) }
+        recovery.close(unwritten: pending.count, logger: logger)
         db.close()
     }
 
@@ -54,12 +41,12 @@ final class PostgresStoreWriter: @unchecked Sendable {
         for op in batch {
             switch op {
             case .changes(let changes): pending.merge(changes)
-            case .committed(let ticket): commitWaiters.append(ticket)
+            case .committed(let ticket): recovery.awaitCommit(ticket)
             default: ops.append(op)
             }
         }
-        if pending.isEmpty { answerCommitWaiters(.success(())) }
-        if let failure, Timestamp.monotonicMs() < retryAtMs {
+        if pending.isEmpty { recovery.answerCommitWaiters(.success(())) }
+        if let failure = recovery.failureBeforeRetry {
             let refusal = StoreError(.unavailable, "writes are failing (\(failure)); retrying")
             for op in ops { fail(op, refusal) }
             return
@@ -68,7 +55,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
     }
 
     private func attempt(_ ops: [WriteOp]) {
-        let probe = failure != nil && pending.isEmpty && ops.isEmpty
+        let probe = recovery.failure != nil && pending.isEmpty && ops.isEmpty
         var answers: [() -> Void] = []
         do {
             try transaction(fullSync: ops.contains { $0.needsFullSync }, includesPending: true) {
@@ -84,7 +71,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
             return
         } catch {
             logger.warning("store batch failed; writing its parts one by one", ["error": .string("\(error)")])
-            if failure != nil { retryAtMs = Timestamp.monotonicMs() + retryDelayMs }
+            recovery.keepDelay()
         }
         if !pending.isEmpty {
             do {
@@ -95,14 +82,8 @@ final class PostgresStoreWriter: @unchecked Sendable {
                 return
             } catch {
                 let storeError = error as? StoreError ?? StoreError(.io, "\(error)")
-                logger.error("store gave up state changes it cannot write", [
-                    "error": .string(storeError.description), "records": .int(pending.count),
-                ])
-                let count = pending.count
-                status.update { $0.droppedChanges += count }
+                recovery.gaveUp(storeError, records: pending.count, status: status, logger: logger)
                 pending.removeAll()
-                droppedFailure = storeError
-                answerCommitWaiters(.failure(storeError))
             }
         }
         for op in ops {
@@ -142,57 +123,21 @@ final class PostgresStoreWriter: @unchecked Sendable {
         txAdopted.removeAll()
         txLost.removeAll()
         if includesPending { pending.removeAll() }
-        let recoveredFrom = pending.isEmpty ? failure : nil
-        if recoveredFrom != nil {
-            failure = nil
-            retryDelayMs = 0
-        }
+        let recoveredFrom = recovery.committed(nothingPending: pending.isEmpty)
         publish()
         // Logged once health says so: whoever reads the line then finds the store healthy.
         if let recoveredFrom { logger.info("store writes recovered", ["after": .string(recoveredFrom.description)]) }
-        if includesPending { answerCommitWaiters(.success(())) }
+        if includesPending { recovery.answerCommitWaiters(.success(())) }
     }
 
     private func degrade(_ error: StoreError) {
         status.update { $0.writeFailures += 1 }
-        if failure == nil {
-            retryDelayMs = StoreWriter.firstRetryMs
-            logger.error("store writes are failing; state changes are kept and retried", [
-                "error": .string(error.description), "records": .int(pending.count),
-            ])
-        } else {
-            retryDelayMs = min(retryDelayMs * 2, StoreWriter.maxRetryMs)
-            logger.warning("store write retry failed", [
-                "error": .string(error.description), "records": .int(pending.count), "next_retry_ms": .int(Int(retryDelayMs)),
-            ])
-        }
-        failure = error
-        retryAtMs = Timestamp.monotonicMs() + retryDelayMs
+        recovery.degrade(error, records: pending.count, logger: logger)
         // Before the ops this failure refuses are answered: whoever was refused then finds the store degraded.
         publish()
     }
 
-    private func publish() {
-        let degraded = failure
-        let count = pending.count
-        status.update {
-            $0.degraded = degraded != nil
-            $0.lastError = degraded
-            $0.pendingChanges = count
-        }
-    }
-
-    private func answerCommitWaiters(_ result: Result<Void, StoreError>) {
-        if commitWaiters.isEmpty { return }
-        for ticket in commitWaiters { ticket.complete(result) }
-        commitWaiters.removeAll()
-    }
-
-    private func answer(_ ticket: WriteTicket<Void>) {
-        let dropped = droppedFailure
-        droppedFailure = nil
-        ticket.complete(dropped.map { .failure($0) } ?? .success(()))
-    }
+    private func publish() { recovery.publish(to: status, pending: pending.count) }
 
     private func fail(_ op: WriteOp, _ error: StoreError) {
         switch op {
@@ -201,7 +146,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
         case .sweep(_, _, let ticket): ticket.complete(.failure(error))
         case .expand(_, let ticket): ticket.complete(.failure(error))
         case .barrier(let ticket):
-            if pending.isEmpty { answer(ticket) } else { ticket.complete(.failure(error)) }
+            if pending.isEmpty { recovery.answerFlush(ticket) } else { ticket.complete(.failure(error)) }
         case .changes, .committed:
             break
         }
@@ -219,7 +164,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
             let count = try sweep(before: before, limit: limit)
             answers.append { ticket.complete(.success(count)) }
         case .barrier(let ticket):
-            answers.append { [self] in answer(ticket) }
+            answers.append { [self] in recovery.answerFlush(ticket) }
         case .expand(let expansion, let ticket):
             try insert(expansion)
             answers.append { ticket.complete(.success(())) }
