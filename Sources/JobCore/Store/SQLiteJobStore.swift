@@ -1008,17 +1008,17 @@ final class WriterStatus: Sendable {
 /// A write that fails for lack of a resource (disk full, I/O error, lock, descriptors) makes the
 /// writer *degraded*: the state changes stay in `pending` and are retried with a doubling delay
 /// (50 ms up to 5 s) until they commit, while new submissions, deletes and flushes are refused at
-/// once rather than each one waiting on a failing disk. The first commit ends it.
-final class StoreWriter: @unchecked Sendable {
+/// once rather than each one waiting on a failing disk. The first commit ends it. That policy is `StoreWriting`'s,
+/// shared with the PostgreSQL writer; this class gives it SQLite's statements.
+final class StoreWriter: StoreWriting, @unchecked Sendable {
     // @unchecked: the `var`s and `db` belong to the writer thread (`run` and what it calls), which is the only one
     // that touches them after `init`; `status` is shared and guards itself.
     private let db: SQLiteConnection
-    private let logger: Logger
+    let logger: Logger
     let status = WriterStatus()
     private var fullSync = false
-    private var pending = PendingChanges(defersUnchangedRows: true)
-    /// The commits and flushes to answer, and while degraded the failure and when to try again.
-    private var recovery = WriteRecovery()
+    var pending = PendingChanges(defersUnchangedRows: true)
+    var recovery = WriteRecovery()
     /// When the last transaction committed (monotonic ms).
     private var lastCommitMs: Int64 = 0
     /// Whether a commit may have left pages in the WAL that no checkpoint has copied since.
@@ -1049,87 +1049,10 @@ final class StoreWriter: @unchecked Sendable {
                 }
             }
             guard let batch = next else { break }
-            write(batch)
+            writeBatch(batch)
         }
-        // Closing: one last try, whatever the delay.
-        if !pending.isEmpty { attempt([]) }
-        recovery.close(unwritten: pending.count, logger: logger)
+        closing()
         db.close()
-    }
-
-    private func write(_ batch: [WriteOp]) {
-        defer { publish() }
-        var ops: [WriteOp] = []
-        for op in batch {
-            switch op {
-            case .changes(let changes): pending.merge(changes)
-            case .committed(let ticket): recovery.awaitCommit(ticket)
-            default: ops.append(op)
-            }
-        }
-        if pending.isEmpty { recovery.answerCommitWaiters(.success(())) }
-        // Only rows that wait for their first change (`PendingChanges.unchanged`): nothing to commit yet.
-        if pending.isEmpty, ops.isEmpty, recovery.failure == nil { return }
-        if let failure = recovery.failureBeforeRetry {
-            let refusal = StoreError(.unavailable, "writes are failing (\(failure)); retrying", sqliteCode: failure.sqliteCode)
-            for op in ops { fail(op, refusal) }
-            return
-        }
-        attempt(ops)
-    }
-
-    /// Writes the pending changes and `ops` in one transaction; if that fails for something other than
-    /// a resource, each part alone, so that one bad part fails alone.
-    private func attempt(_ ops: [WriteOp]) {
-        if recovery.failure != nil && pending.count > StoreWriter.recoveryPartRecords && !writePendingInParts() {
-            for op in ops { fail(op, recovery.failure ?? StoreError(.unavailable, "store writes are failing")) }
-            return
-        }
-        // Degraded with nothing kept: a one-row write shows whether the disk takes writes again.
-        let probe = recovery.failure != nil && pending.isEmpty && ops.isEmpty
-        var answers: [() -> Void] = []
-        do {
-            try transaction(fullSync: ops.contains { $0.needsFullSync }, includesPending: true) {
-                try write(pending)
-                if probe { try self.probe() }
-                for op in ops { try apply(op, answers: &answers) }
-            }
-            for answer in answers { answer() }
-            return
-        } catch let error as StoreError where error.isResourceFailure {
-            degrade(error)
-            for op in ops { fail(op, error) }
-            return
-        } catch {
-            logger.warning("store batch failed; writing its parts one by one", ["error": .string("\(error)")])
-            // Still degraded if nothing below commits.
-            recovery.keepDelay()
-        }
-        if !pending.isEmpty {
-            do {
-                try transaction(fullSync: false, includesPending: true) { try write(pending) }
-            } catch let error as StoreError where error.isResourceFailure {
-                degrade(error)
-                for op in ops { fail(op, error) }
-                return
-            } catch {
-                let storeError = error as? StoreError ?? StoreError(.io, "\(error)")
-                recovery.gaveUp(storeError, records: pending.count, status: status, logger: logger)
-                pending.removeAll()
-            }
-        }
-        for op in ops {
-            var single: [() -> Void] = []
-            do {
-                try transaction(fullSync: op.needsFullSync, includesPending: false) { try apply(op, answers: &single) }
-                for answer in single { answer() }
-            } catch let error as StoreError where error.isResourceFailure {
-                degrade(error)
-                fail(op, error)
-            } catch {
-                fail(op, error as? StoreError ?? StoreError(.io, "\(error)"))
-            }
-        }
     }
 
     /// Records kept through a long failure can need more room in the WAL as one transaction than a disk
@@ -1164,8 +1087,10 @@ final class StoreWriter: @unchecked Sendable {
         }
     }
 
-    /// Writes the pending changes part by part; false (and degraded again) if a part fails for lack of a resource.
-    private func writePendingInParts() -> Bool {
+    /// While degraded with more than `recoveryPartRecords` records kept, writes them part by part; false (and
+    /// degraded again) if a part fails for lack of a resource.
+    func writeKeptChangesInParts() -> Bool {
+        guard recovery.failure != nil, pending.count > StoreWriter.recoveryPartRecords else { return true }
         for part in pending.split(maxRecords: StoreWriter.recoveryPartRecords) {
             do {
                 try transaction(fullSync: false, includesPending: false) { try write(part) }
@@ -1183,10 +1108,8 @@ final class StoreWriter: @unchecked Sendable {
         return true
     }
 
-    /// BEGIN IMMEDIATE, `body`, COMMIT; rolled back if any of it throws. After a commit that
-    /// included the pending changes they are dropped from memory; a commit that leaves nothing
-    /// pending ends a degraded spell.
-    private func transaction(fullSync: Bool, includesPending: Bool, _ body: () throws -> Void) throws {
+    /// BEGIN IMMEDIATE, `body`, COMMIT, then `committed(includesPending:)`; rolled back if any of it throws.
+    func transaction(fullSync: Bool, includesPending: Bool, _ body: () throws -> Void) throws {
         do {
             try setFullSync(fullSync)
             try execute("BEGIN IMMEDIATE")
@@ -1201,63 +1124,10 @@ final class StoreWriter: @unchecked Sendable {
             walMayHoldCommits = true
             status.setWALCopied(false)
         }
-        if includesPending { pending.removeAll() }
-        let recoveredFrom = recovery.committed(nothingPending: pending.isEmpty)
-        // Health first: whoever was waiting for this commit must see the store as it now is.
-        publish()
-        // Logged once health says so: whoever reads the line then finds the store healthy.
-        if let recoveredFrom { logger.info("store writes recovered", ["after": .string(recoveredFrom.description)]) }
-        if includesPending { recovery.answerCommitWaiters(.success(())) }
+        committed(includesPending: includesPending)
     }
 
-    private func degrade(_ error: StoreError) {
-        status.update { $0.writeFailures += 1 }
-        recovery.degrade(error, records: pending.count, logger: logger)
-        // Before the ops this failure refuses are answered: whoever was refused then finds the store degraded.
-        publish()
-    }
-
-    private func publish() { recovery.publish(to: status, pending: pending.count) }
-
-    private func fail(_ op: WriteOp, _ error: StoreError) {
-        switch op {
-        case .create(_, let ticket): ticket.complete(.failure(error))
-        case .delete(_, let ticket): ticket.complete(.failure(error))
-        case .sweep(_, _, let ticket): ticket.complete(.failure(error))
-        case .expand(let expansion, let ticket):
-            // Its copies' rows wait in `unchanged` (`expandMap`); those a change has not taken out go with the items.
-            for node in expansion.nodes { pending.takeUnchanged(jobID: expansion.jobID, position: node.position) }
-            ticket.complete(.failure(error))
-        case .barrier(let ticket):
-            // Nothing queued before it is left unwritten: the failure was another op's.
-            if pending.isEmpty { recovery.answerFlush(ticket) } else { ticket.complete(.failure(error)) }
-        case .changes, .committed:
-            break  // never in `ops`: merged into `pending` and `commitWaiters` first
-        }
-    }
-
-    private func apply(_ op: WriteOp, answers: inout [() -> Void]) throws {
-        switch op {
-        case .create(let request, let ticket):
-            let outcome = try create(request)
-            answers.append { ticket.complete(.success(outcome)) }
-        case .delete(let id, let ticket):
-            let deleted = try deleteJob(id)
-            answers.append { ticket.complete(.success(deleted)) }
-        case .sweep(let before, let limit, let ticket):
-            let count = try sweep(before: before, limit: limit)
-            answers.append { ticket.complete(.success(count)) }
-        case .barrier(let ticket):
-            answers.append { [self] in recovery.answerFlush(ticket) }
-        case .expand(let expansion, let ticket):
-            try insert(expansion)
-            answers.append { ticket.complete(.success(())) }
-        case .changes, .committed:
-            break
-        }
-    }
-
-    private func create(_ request: CreateRequest) throws -> CreateOutcome {
+    func create(_ request: CreateRequest) throws -> CreateOutcome {
         let job = request.job
         let insert = try db.prepare(SQL.insertJob)
         Rows.bind(job, to: insert)
@@ -1293,7 +1163,7 @@ final class StoreWriter: @unchecked Sendable {
     }
 
     /// The items' row only: the copies' rows wait for their first change (`expandMap`).
-    private func insert(_ expansion: MapExpansionRecord) throws {
+    func insert(_ expansion: MapExpansionRecord) throws {
         let items = try db.prepare(
             "INSERT INTO map_items (job_id, node_id, first_position, items) SELECT ?1, ?2, ?3, ?4 "
                 + "WHERE EXISTS (SELECT 1 FROM jobs WHERE id = ?1)")
@@ -1304,7 +1174,7 @@ final class StoreWriter: @unchecked Sendable {
         try items.run()
     }
 
-    private func write(_ pending: PendingChanges) throws {
+    func write(_ pending: PendingChanges) throws {
         if !pending.jobs.isEmpty {
             let update = try db.prepare(SQL.updateJob)
             for job in pending.jobs.values {
@@ -1340,12 +1210,12 @@ final class StoreWriter: @unchecked Sendable {
     /// row even when nothing in it changed) that changes nothing, to learn whether the disk takes
     /// writes again when there is nothing else to retry. An empty table writes nothing, and then
     /// there is nothing to lose either.
-    private func probe() throws {
+    func probe() throws {
         try execute("UPDATE jobs SET version = version WHERE id = (SELECT max(id) FROM jobs)")
     }
 
     /// Deletes the job's row and every row of it in the other tables, and forgets its rows not stored yet.
-    private func deleteJob(_ id: String) throws -> Bool {
+    func deleteJob(_ id: String) throws -> Bool {
         let job = try db.prepare("DELETE FROM jobs WHERE id = ?1")
         job.bind(1, id)
         try job.run()
@@ -1359,7 +1229,7 @@ final class StoreWriter: @unchecked Sendable {
         return deleted
     }
 
-    private func sweep(before: Int64, limit: Int) throws -> Int {
+    func sweep(before: Int64, limit: Int) throws -> Int {
         let select = try db.prepare(
             "SELECT id FROM jobs WHERE finished_at < ?1 AND state NOT IN ('\(NodeState.pending.rawValue)', '\(NodeState.running.rawValue)') LIMIT ?2")
         select.bind(1, before)

@@ -1,12 +1,13 @@
-/// Runs on the PostgreSQL store's writer thread and owns the writing connection: the SQLite `StoreWriter`'s
-/// policy (group commit, keep and retry on resource failures, each op alone after a failed batch), on libpq.
-final class PostgresStoreWriter: @unchecked Sendable {
+/// Runs on the PostgreSQL store's writer thread and owns the writing connection: the policy the SQLite `StoreWriter`
+/// shares (`StoreWriting`: group commit, keep and retry on resource failures, each op alone after a failed batch), on
+/// libpq.
+final class PostgresStoreWriter: StoreWriting, @unchecked Sendable {
     // @unchecked: everything but `status` (which locks itself) is touched only on the writer thread.
     private let db: PostgresConnection
-    private let logger: Logger
+    let logger: Logger
     let status = WriterStatus()
-    private var pending = PendingChanges()
-    private var recovery = WriteRecovery()
+    var pending = PendingChanges()
+    var recovery = WriteRecovery()
     private let leases: PostgresLeases
     /// Of the transaction in progress, applied to `leases` once it commits: jobs whose lease it took (written
     /// while no live server held them) and jobs whose changes it left out (another server holds them now).
@@ -28,80 +29,14 @@ final class PostgresStoreWriter: @unchecked Sendable {
         queue.writerStarted(logger: logger)
         while true {
             guard let batch = queue.take(waitingAtMostMs: recovery.retryWaitMs) else { break }
-            write(batch)
+            writeBatch(batch)
         }
-        if !pending.isEmpty { attempt([]) }
-        recovery.close(unwritten: pending.count, logger: logger)
+        closing()
         db.close()
     }
 
-    private func write(_ batch: [WriteOp]) {
-        defer { publish() }
-        var ops: [WriteOp] = []
-        for op in batch {
-            switch op {
-            case .changes(let changes): pending.merge(changes)
-            case .committed(let ticket): recovery.awaitCommit(ticket)
-            default: ops.append(op)
-            }
-        }
-        if pending.isEmpty { recovery.answerCommitWaiters(.success(())) }
-        if let failure = recovery.failureBeforeRetry {
-            let refusal = StoreError(.unavailable, "writes are failing (\(failure)); retrying")
-            for op in ops { fail(op, refusal) }
-            return
-        }
-        attempt(ops)
-    }
-
-    private func attempt(_ ops: [WriteOp]) {
-        let probe = recovery.failure != nil && pending.isEmpty && ops.isEmpty
-        var answers: [() -> Void] = []
-        do {
-            try transaction(fullSync: ops.contains { $0.needsFullSync }, includesPending: true) {
-                try write(pending)
-                if probe { try db.execute("UPDATE jobs SET version = version WHERE id = (SELECT max(id) FROM jobs)") }
-                for op in ops { try apply(op, answers: &answers) }
-            }
-            for answer in answers { answer() }
-            return
-        } catch let error as StoreError where error.isResourceFailure {
-            degrade(error)
-            for op in ops { fail(op, error) }
-            return
-        } catch {
-            logger.warning("store batch failed; writing its parts one by one", ["error": .string("\(error)")])
-            recovery.keepDelay()
-        }
-        if !pending.isEmpty {
-            do {
-                try transaction(fullSync: false, includesPending: true) { try write(pending) }
-            } catch let error as StoreError where error.isResourceFailure {
-                degrade(error)
-                for op in ops { fail(op, error) }
-                return
-            } catch {
-                let storeError = error as? StoreError ?? StoreError(.io, "\(error)")
-                recovery.gaveUp(storeError, records: pending.count, status: status, logger: logger)
-                pending.removeAll()
-            }
-        }
-        for op in ops {
-            var single: [() -> Void] = []
-            do {
-                try transaction(fullSync: op.needsFullSync, includesPending: false) { try apply(op, answers: &single) }
-                for answer in single { answer() }
-            } catch let error as StoreError where error.isResourceFailure {
-                degrade(error)
-                fail(op, error)
-            } catch {
-                fail(op, error as? StoreError ?? StoreError(.io, "\(error)"))
-            }
-        }
-    }
-
-    /// BEGIN, `body`, COMMIT; rolled back if any of it throws.
-    private func transaction(fullSync: Bool, includesPending: Bool, _ body: () throws -> Void) throws {
+    /// BEGIN, `body`, COMMIT, then `committed(includesPending:)`; rolled back if any of it throws.
+    func transaction(fullSync: Bool, includesPending: Bool, _ body: () throws -> Void) throws {
         txAdopted.removeAll()
         txLost.removeAll()
         txKeys.removeAll()
@@ -122,58 +57,17 @@ final class PostgresStoreWriter: @unchecked Sendable {
         txKeys.removeAll()
         txAdopted.removeAll()
         txLost.removeAll()
-        if includesPending { pending.removeAll() }
-        let recoveredFrom = recovery.committed(nothingPending: pending.isEmpty)
-        publish()
-        // Logged once health says so: whoever reads the line then finds the store healthy.
-        if let recoveredFrom { logger.info("store writes recovered", ["after": .string(recoveredFrom.description)]) }
-        if includesPending { recovery.answerCommitWaiters(.success(())) }
+        committed(includesPending: includesPending)
     }
 
-    private func degrade(_ error: StoreError) {
-        status.update { $0.writeFailures += 1 }
-        recovery.degrade(error, records: pending.count, logger: logger)
-        // Before the ops this failure refuses are answered: whoever was refused then finds the store degraded.
-        publish()
+    func probe() throws {
+        try db.execute("UPDATE jobs SET version = version WHERE id = (SELECT max(id) FROM jobs)")
     }
 
-    private func publish() { recovery.publish(to: status, pending: pending.count) }
+    /// PostgreSQL takes the changes kept in one transaction, however many.
+    func writeKeptChangesInParts() -> Bool { true }
 
-    private func fail(_ op: WriteOp, _ error: StoreError) {
-        switch op {
-        case .create(_, let ticket): ticket.complete(.failure(error))
-        case .delete(_, let ticket): ticket.complete(.failure(error))
-        case .sweep(_, _, let ticket): ticket.complete(.failure(error))
-        case .expand(_, let ticket): ticket.complete(.failure(error))
-        case .barrier(let ticket):
-            if pending.isEmpty { recovery.answerFlush(ticket) } else { ticket.complete(.failure(error)) }
-        case .changes, .committed:
-            break
-        }
-    }
-
-    private func apply(_ op: WriteOp, answers: inout [() -> Void]) throws {
-        switch op {
-        case .create(let request, let ticket):
-            let outcome = try create(request)
-            answers.append { ticket.complete(.success(outcome)) }
-        case .delete(let id, let ticket):
-            let deleted = try deleteJob(id)
-            answers.append { ticket.complete(.success(deleted)) }
-        case .sweep(let before, let limit, let ticket):
-            let count = try sweep(before: before, limit: limit)
-            answers.append { ticket.complete(.success(count)) }
-        case .barrier(let ticket):
-            answers.append { [self] in recovery.answerFlush(ticket) }
-        case .expand(let expansion, let ticket):
-            try insert(expansion)
-            answers.append { ticket.complete(.success(())) }
-        case .changes, .committed:
-            break
-        }
-    }
-
-    private func create(_ request: CreateRequest) throws -> CreateOutcome {
+    func create(_ request: CreateRequest) throws -> CreateOutcome {
         let job = request.job
         var parameters = PGRows.parameters(job)
         parameters.append(PGRows.text(request.idempotencyKey))
@@ -220,7 +114,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
         }
     }
 
-    private func insert(_ expansion: MapExpansionRecord) throws {
+    func insert(_ expansion: MapExpansionRecord) throws {
         if try !fence([expansion.jobID]).isEmpty { return }
         let items = try db.run(
             prepared: "insert_map_items",
@@ -235,7 +129,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
         })
     }
 
-    private func write(_ pending: PendingChanges) throws {
+    func write(_ pending: PendingChanges) throws {
         var touched = Set(pending.jobs.keys)
         for key in pending.nodes.keys { touched.insert(key.jobID) }
         for key in pending.bodies.keys { touched.insert(key.jobID) }
@@ -262,7 +156,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
         }
     }
 
-    private func deleteJob(_ id: String) throws -> Bool {
+    func deleteJob(_ id: String) throws -> Bool {
         let deleted = try db.run(prepared: "delete_job", "DELETE FROM jobs WHERE id = $1", [.text(id)]).affected > 0
         try db.run(prepared: "delete_nodes", "DELETE FROM nodes WHERE job_id = $1", [.text(id)])
         try db.run(prepared: "delete_bodies", "DELETE FROM bodies WHERE job_id = $1", [.text(id)])
@@ -272,7 +166,7 @@ final class PostgresStoreWriter: @unchecked Sendable {
         return deleted
     }
 
-    private func sweep(before: Int64, limit: Int) throws -> Int {
+    func sweep(before: Int64, limit: Int) throws -> Int {
         let rows = try db.run(
             prepared: "sweep_select",
             "SELECT id FROM jobs WHERE finished_at < $1 AND state NOT IN ('\(NodeState.pending.rawValue)', "
