@@ -722,6 +722,21 @@ class SQLiteWALTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as St
         XCTAssertEqual(try store.body(jobID: job.id, nodeID: "root.399")?.bytes, bytes)
     }
 
+    /// A WAL grown past `journal_size_limit` is emptied by the idle writer, not cut back inside the next commit,
+    /// which is a submission's.
+    func testAnIdleWriterEmptiesAWALGrownPastItsLimit() throws {
+        let store = try openStore()
+        defer { store.close() }
+        let job = try create(store, 1, nodes: 20)
+        // 17 bodies of 4 MiB in one commit: the WAL holds more than the 64 MiB limit until a checkpoint.
+        let bytes = Array(repeating: UInt8(ascii: "x"), count: 4 << 20)
+        store.enqueue(jobs: [], nodes: [], bodies: (0..<17).map { (jobID: job.id, nodeID: "root.\($0)", body: StoredBody(contentType: nil, bytes: bytes)) })
+        try store.flush()
+        XCTAssertTrue(store.waitUntilWALCopied(milliseconds: 30_000), "the writer did not copy the WAL once idle")
+        XCTAssertEqual(try fileSize(dbPath + "-wal"), 0, "the WAL past its limit is emptied")
+        XCTAssertEqual(try store.body(jobID: job.id, nodeID: "root.16")?.bytes, bytes)
+    }
+
     private func fileSize(_ path: String) throws -> Int {
         (try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) ?? 0
     }

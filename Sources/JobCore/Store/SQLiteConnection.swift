@@ -14,10 +14,12 @@ import Darwin
 final class SQLiteConnection {
     private var db: OpaquePointer?
     private var statements: [String: SQLiteStatement] = [:]
+    private let busyTimeoutMs: Int32
 
     /// Opens `path`; `create` allows creating the file. A lock held by another
     /// connection is waited for up to `busyTimeoutMs`.
     init(path: String, create: Bool, busyTimeoutMs: Int32 = 5000) throws {
+        self.busyTimeoutMs = busyTimeoutMs
         var flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX
         if create { flags |= SQLITE_OPEN_CREATE }
         var handle: OpaquePointer?
@@ -69,6 +71,22 @@ final class SQLiteConnection {
         let statement = SQLiteStatement(handle: handle, connection: self)
         statements[sql] = statement
         return statement
+    }
+
+    /// Runs `body` with no wait for a lock another connection holds: what is busy fails at once.
+    func withoutBusyWait<T>(_ body: () throws -> T) rethrows -> T {
+        guard let db else { return try body() }
+        sqlite3_busy_timeout(db, 0)
+        defer { sqlite3_busy_timeout(db, busyTimeoutMs) }
+        return try body()
+    }
+
+    /// The size of the main database's WAL file in bytes; 0 when it has none.
+    var walFileBytes: Int {
+        guard let db, let name = sqlite3_db_filename(db, "main") else { return 0 }
+        var info = stat()
+        guard stat(String(cString: name) + "-wal", &info) == 0 else { return 0 }
+        return Int(info.st_size)
     }
 
     /// Rows changed by the last INSERT, UPDATE or DELETE.
