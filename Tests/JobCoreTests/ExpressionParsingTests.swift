@@ -296,4 +296,32 @@ final class ExpressionParsingTests: XCTestCase {
         XCTAssertEqual(refused.map(\.pointer), ["/graph/children/1/json"])
         XCTAssertTrue(refused.first?.message.contains("at most 128 levels") == true, "\(refused)")
     }
+    /// The data-flow walk is skipped only where it would find nothing (`DataflowParser.mayHoldDataflow`): each row
+    /// but the first two holds one thing the walk reads, refuses or cannot vouch for.
+    func testTheDataflowWalkIsSkippedOnlyWhereItWouldFindNothing() throws {
+        let fetch = #"{"type": "fetch", "url": "http://h/a", "timeout_ms": 5, "retries": 1}"#
+        let rows: [(graph: String, mayHold: Bool)] = [
+            (#"{"type": "list", "children": [\#(fetch), \#(fetch)]}"#, false),
+            (#"{"type": "sequence", "children": [{"type": "list", "children": [\#(fetch)]}]}"#, false),
+            (#"{"type": "list", "children": [{"type": "fetch", "url": "http://h/a", "headers": {"a": "b"}}]}"#, true),
+            (#"{"type": "list", "children": [{"type": "fetch", "url": {"$ref": "/input/u"}}]}"#, true),
+            (#"{"type": "list", "select": "/0", "children": [\#(fetch)]}"#, true),
+            (#"{"type": "list", "children": [{"type": "fetch", "url": "http://h/a", "query": 1}]}"#, true),
+            (#"{"type": "list", "children": [{"type": "fetch", "url": "http://h/a", "paginate": 1}]}"#, true),
+            (#"{"type": "list", "children": [{"$ref": "/input"}]}"#, true),
+            (#"{"type": "list", "children": ["http://h/a"]}"#, true),
+            (#"{"type": "list", "children": {"type": "fetch"}}"#, true),
+            (#"{"type": "map", "items": [1], "template": \#(fetch)}"#, true),
+            (#"{"type": "list", "children": [{"type": "list", "children": [{"type": "list", "children": [\#(fetch)]}]}]}"#, true),
+        ]
+        var limits = Limits()
+        limits.maxDepth = 3
+        for (graph, mayHold) in rows {
+            let root = try JSONValue.parse(graph)
+            XCTAssertEqual(DataflowParser.mayHoldDataflow(root, limits: limits), mayHold, graph)
+        }
+        var few = Limits()
+        few.maxNodes = 2
+        XCTAssertTrue(DataflowParser.mayHoldDataflow(try JSONValue.parse(rows[0].graph), limits: few), "past maxNodes")
+    }
 }

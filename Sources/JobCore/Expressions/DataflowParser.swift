@@ -163,6 +163,7 @@ struct DataflowParser {
 
     /// Walks the nodes in the validator's pre-order and rebuilds the ones that changed, children first.
     private mutating func walkGraph(_ root: JSONValue, pointer: String, key: [Int]) -> (value: JSONValue, changed: Bool) {
+        guard DataflowParser.mayHoldDataflow(root, limits: limits) else { return (root, false) }
         (entries, graphPointer, graphKey) = ([], pointer, key)
         // Kept only for the walk: the entries hold the submitted values.
         defer { entries = [] }
@@ -224,6 +225,39 @@ struct DataflowParser {
             finished[i] = .object(members)
         }
         return changed[0] ? (finished[0], true) : (root, false)
+    }
+
+    /// Whether the graph may hold anything this pass reads, changes or refuses; `false` only when the walk would
+    /// find nothing: every node an object whose members are scalars, none named `select`, `query` or `paginate` nor
+    /// beginning with `$`, and arrays of nodes in `children`. Found without the walk's entries and pointers: for a
+    /// list of 100,000 fetches the walk took about 45 ms of the submission, before the validator's own (`perf`).
+    /// Anything else, and a graph past the limits, is left to the walk.
+    static func mayHoldDataflow(_ root: JSONValue, limits: GraphLimits) -> Bool {
+        var stack: [(nodes: [JSONValue], depth: Int)] = [([root], 1)]
+        var count = 0
+        while let (nodes, depth) = stack.popLast() {
+            if depth > limits.maxDepth { return true }
+            count += nodes.count
+            if count > limits.maxNodes { return true }
+            for node in nodes {
+                guard case .object(let members) = node else { return true }
+                for member in members {
+                    switch member.value {
+                    case .array(let children) where member.key == "children":
+                        stack.append((children, depth + 1))
+                    case .object, .array:
+                        return true
+                    default:
+                        if member.key == "select" || member.key == "query" || member.key == "paginate"
+                            || member.key.utf8.first == UInt8(ascii: "$")
+                        {
+                            return true
+                        }
+                    }
+                }
+            }
+        }
+        return false
     }
 
     /// Reads one node's new fields; returns its members when any changed, and its children to walk.
