@@ -2,6 +2,15 @@ import XCTest
 @testable import JobCore
 
 final class GraphValidationTests: XCTestCase {
+    /// A child's default id is its parent's, a dot and its position, whatever their lengths.
+    func testChildIDsAreTheParentsADotAndThePosition() {
+        for parent in ["root", "a", "root.1.22", String(repeating: "p", count: 64)] {
+            for position in [0, 1, 9, 10, 99, 100, 12_345, 99_999, 100_000, 9_999_999] {
+                XCTAssertEqual(GraphValidator.childID(parent, position), parent + "." + String(position))
+            }
+        }
+    }
+
     private static let leaf = #"{"type":"fetch","url":"http://api.local/x"}"#
 
     /// The issues for a body given as JSON text; fails the test if the body is accepted.
