@@ -348,6 +348,15 @@ final class URLCheckTests: XCTestCase {
             ("http://[::1]x/", "has an invalid host"),
             ("http://[]/", "has an invalid host"),
             ("http://abcdefghijklmnopqrstuvwxyz0123456789", "must be at most 40 bytes"),
+            ("http://a@b@c:8/", nil),
+            ("http://user@/", "must have a host"),
+            ("http://u@[::1]:80/", nil),
+            ("http://[::g]/", "has an invalid host"),
+            ("http://[::1]:/", port),
+            ("http://a?b/c:d", nil),
+            ("http://a#b@c", nil),
+            ("http://a:00080/", nil),
+            ("http://a:000080/", port),
         ]
         for row in rows {
             XCTAssertEqual(URLCheck.problem(row.url, maxBytes: 40), row.problem, row.url)
