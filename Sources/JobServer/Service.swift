@@ -25,12 +25,15 @@ final class Service: @unchecked Sendable {
     /// The engine over `store`, its answers shown as `Presentation` says; not started.
     static func engine(store: JobStore, fetcher: Fetcher, config: ServerConfig, logger: Logger) -> Engine {
         let spool = config.answerSpool
-        return Engine(store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
-            renderSettled: Presentation.jobBytes,
-            renderSettledWithResultText: { try Presentation.jobAnswer($0, result: $1, spool: spool) },
-            renderSettledAround: { try Presentation.jobAnswer($0, result: $1, spool: .inMemory) },
-            renderNodeList: Presentation.nodeListBytes,
-            renderNodeListWithResultText: { try Presentation.nodeListAnswer($0, spool: spool) })
+        let rendering = AnswerRendering(
+            settled: Presentation.jobBytes,
+            settledWithResultText: { try Presentation.jobAnswer($0, result: $1, spool: spool) },
+            settledAround: { try Presentation.jobAnswer($0, result: $1, spool: .inMemory) },
+            nodeList: Presentation.nodeListBytes,
+            nodeListWithResultText: { try Presentation.nodeListAnswer($0, spool: spool) })
+        return Engine(
+            store: store, fetcher: fetcher, configuration: config.engineConfiguration, logger: logger,
+            rendering: rendering)
     }
 
     /// Creates the database folder, opens the store and the fetcher. Nothing runs yet.

@@ -167,8 +167,8 @@ class EngineTestCase: XCTestCase {
         var config = EngineConfiguration()
         configure(&config)
         let engine = Engine(
-            store: store, fetcher: fetcher, configuration: config, logger: .disabled, renderSettled: renderSettled,
-            renderSettledAround: renderSettledAround, renderNodeList: renderNodeList)
+            store: store, fetcher: fetcher, configuration: config, logger: .disabled,
+            rendering: AnswerRendering(settled: renderSettled, settledAround: renderSettledAround, nodeList: renderNodeList))
         try engine.start()
         engines.append(engine)
         return engine

@@ -96,20 +96,8 @@ public final class Engine: @unchecked Sendable {
     /// so readers of different large jobs at once would hold all of theirs. The others wait their turn without a
     /// thread (`whenLargeReadsAllow`).
     let largeReads = Admission(limit: 1)
-    /// Makes a settled job's answer; `nil`: settled jobs are not cached.
-    private let renderSettled: (@Sendable (JobRecord) -> [UInt8])?
-    /// Makes a settled job's answer with its result written as text from the stored rows (`StoredResultText`);
-    /// `nil`: a stored job's answer is made from its result as values (`renderSettled`).
-    private let renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)?
-    /// Makes a settled job's answer in memory with its result written by the `StoredResultText` given: a running
-    /// job's, from the texts its root list's children's results were written to as they came (`AnswerTexts`);
-    /// `nil`: from its result as values (`renderSettled`).
-    private let renderSettledAround: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)?
-    /// Shows a settled job's nodes with their results (in tree order); `nil`: node lists are not shared.
-    private let renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])?
-    /// Shows a stored settled job's nodes with their results written as text from the rows (`StoredNodeListText`);
-    /// `nil`: they are read as values and `renderNodeList` shows them.
-    private let renderNodeListWithResultText: (@Sendable (StoredNodeListText) throws -> SettledAnswer)?
+    /// How the answers the engine keeps or shares are written.
+    private let rendering: AnswerRendering
     /// Gives back to the system what large runs and large reads from the store free.
     let memoryReturn = MemoryReturn()
     /// Store reads and the answers made from them run here, never on a caller's (event-loop) thread nor on `queue`.
@@ -142,26 +130,11 @@ public final class Engine: @unchecked Sendable {
     ///   - fetcher: runs the transfers.
     ///   - configuration: limits and bounds.
     ///   - logger: one line per job state change.
-    ///   - renderSettled: a settled job's answer to a read (the bytes of its JSON), kept in the settled-job cache
-    ///     (`configuration.settledCacheBytes`); `nil` keeps nothing.
-    ///   - renderSettledWithResultText: the same answer, for a job read from the store, with its result written in
-    ///     by the `StoredResultText` given (the store writes it from the rows' text, never holding it as values),
-    ///     into memory or a temporary file (`AnswerSink`);
-    ///     `nil`: the stored job's result is read as values and `renderSettled` shows it.
-    ///   - renderSettledAround: the same answer in memory, for a job in memory whose result the given
-    ///     `StoredResultText` writes (the texts of `AnswerTexts`); `nil`: `renderSettled` shows its result.
-    ///   - renderNodeList: a settled job's nodes with their results, as a read of them answers (`nodeList`); `nil`
-    ///     shares nothing.
-    ///   - renderNodeListWithResultText: the same, for a job read from the store, with each result written in by
-    ///     the `StoredNodeListText` given (into memory, or a temporary file: `AnswerSink`); `nil`: the results are
-    ///     read as values and `renderNodeList` shows them.
+    ///   - rendering: how settled jobs' answers and node lists are written (`AnswerRendering`); by default none is
+    ///     kept or shared.
     public init(
         store: JobStore, fetcher: Fetcher, configuration: EngineConfiguration, logger: Logger,
-        renderSettled: (@Sendable (JobRecord) -> [UInt8])? = nil,
-        renderSettledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)? = nil,
-        renderSettledAround: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)? = nil,
-        renderNodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil,
-        renderNodeListWithResultText: (@Sendable (StoredNodeListText) throws -> SettledAnswer)? = nil
+        rendering: AnswerRendering = AnswerRendering()
     ) {
         self.store = store
         self.fetcher = fetcher
@@ -169,11 +142,7 @@ public final class Engine: @unchecked Sendable {
         nodeRoom = NodeRoom(budget: configuration.maxActiveNodes)
         if configuration.maxActiveNodes > 0 { memoryReturn.roomTrimNodes = configuration.maxActiveNodes / 4 }
         self.logger = logger
-        self.renderSettled = renderSettled
-        self.renderSettledWithResultText = renderSettledWithResultText
-        self.renderSettledAround = renderSettledAround
-        self.renderNodeList = renderNodeList
-        self.renderNodeListWithResultText = renderNodeListWithResultText
+        self.rendering = rendering
         self.settledJobs = SettledJobCache(capacityBytes: configuration.settledCacheBytes)
         self.responseMemory =
             configuration.maxResponseMemory > 0 ? ByteBudget(limit: configuration.maxResponseMemory, scope: .server) : nil
@@ -684,11 +653,11 @@ public final class Engine: @unchecked Sendable {
         // Taken before the read: a delete meanwhile must not be undone by keeping what was read before it.
         let removals = settledJobs.removals
         let found: StoredJobShown<SettledAnswer>
-        if renderSettled != nil, let renderSettledWithResultText {
+        if rendering.settled != nil, let settledWithResultText = rendering.settledWithResultText {
             found = try store.showStoredJob(id: id) { job, result in
                 var job = job
                 job.notify = notifyStatus?(id)
-                return try renderSettledWithResultText(job, result)
+                return try settledWithResultText(job, result)
             }
         } else {
             found = try store.jobWithoutRequest(id: id).map(StoredJobShown.record) ?? .notFound
@@ -701,8 +670,8 @@ public final class Engine: @unchecked Sendable {
             settled = SettledJob(id: id, version: job.version, answer: answer)
         case .record(var job):
             job.notify = notifyStatus?(id)
-            guard job.state.isSettled, let renderSettled else { return .record(job) }
-            settled = SettledJob(id: id, version: job.version, body: renderSettled(job))
+            guard job.state.isSettled, let render = rendering.settled else { return .record(job) }
+            settled = SettledJob(id: id, version: job.version, body: render(job))
         }
         settledJobs.insert(settled, ifNoRemovalSince: removals)
         // What the read held (the rows, or the results as values) is let go of on return.
@@ -745,7 +714,7 @@ public final class Engine: @unchecked Sendable {
     public func nodeList(
         jobID: String, includeResults: Bool, _ completion: @escaping @Sendable (Result<NodeListRead, Error>) -> Void
     ) {
-        guard includeResults, let renderNodeList else {
+        guard includeResults, let renderNodeList = rendering.nodeList else {
             return nodes(jobID: jobID, includeResults: includeResults) { read in
                 completion(read.map { $0.map(NodeListRead.nodes) ?? .notFound })
             }
@@ -766,16 +735,16 @@ public final class Engine: @unchecked Sendable {
             }
     }
 
-    /// A stored job's nodes with their results: a settled job's shown once (`renderNodeListWithResultText`, or
-    /// `renderNodeList` of its results read as values) and noted for the reads meanwhile. On a read queue.
+    /// A stored job's nodes with their results: a settled job's shown once (`AnswerRendering.nodeListWithResultText`,
+    /// or `renderNodeList` of its results read as values) and noted for the reads meanwhile. On a read queue.
     private func readStoredNodeList(
         jobID: String, _ renderNodeList: @Sendable ([NodeRecord]) -> [UInt8]
     ) throws -> NodeListRead {
         // Taken before the read, as for a job's answer.
         let removals = settledJobs.removals
         let found: StoredNodeListShown<SettledAnswer>
-        if let renderNodeListWithResultText = renderNodeListWithResultText {
-            found = try store.showStoredNodeList(jobID: jobID, renderNodeListWithResultText)
+        if let nodeListWithResultText = rendering.nodeListWithResultText {
+            found = try store.showStoredNodeList(jobID: jobID, nodeListWithResultText)
         } else {
             found = try store.stateAndNodes(jobID: jobID, includeResults: true)
                 .map { .nodes($0.state, $0.nodes) } ?? .notFound
@@ -1027,7 +996,7 @@ public final class Engine: @unchecked Sendable {
     /// A job that is not running here: a settled job changes no more, except by being deleted. On a read queue.
     private func waitForStored(_ waiter: Waiter, timeoutMs: Int, shuttingDown: Bool) {
         let id = waiter.jobID
-        if waiter.takesAnswers, renderSettled != nil, (try? store.jobState(id: id))??.isSettled == true {
+        if waiter.takesAnswers, rendering.settled != nil, (try? store.jobState(id: id))??.isSettled == true {
             // Its answer, made once and shared with the other reads of it, if it satisfies the waiter now.
             return readStored(id) { read in
                 if case .success(.settled(let settled)) = read,
@@ -1090,7 +1059,7 @@ public final class Engine: @unchecked Sendable {
                 return
             }
             var settled: SettledJob?
-            if final, let renderSettled = self.renderSettled, waiters.contains(where: \.takesAnswers) {
+            if final, let renderSettled = self.rendering.settled, waiters.contains(where: \.takesAnswers) {
                 if let kept = self.settledJobs[id] {
                     settled = kept
                 } else {
@@ -1112,11 +1081,12 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// The settled answer of `live` whose result is a list written as text ahead of the rest (in memory, as
-    /// `renderSettled` makes it): from the texts of its root list's children where they are all there to match its
-    /// entries, else, for a list of many entries, on every core at once (`EntryRuns`). `nil` for any other result.
+    /// `AnswerRendering.settled` makes it): from the texts of its root list's children where they are all there to
+    /// match its entries, else, for a list of many entries, on every core at once (`EntryRuns`). `nil` for any other
+    /// result.
     /// Writing to memory fails on nothing but the memory itself; should it throw, the answer is made from the values.
     private func settledAnswer(_ live: JobRecord, texts: AnswerTexts?) -> SettledJob? {
-        guard let renderSettledAround, case .array(let entries)? = live.result else { return nil }
+        guard let settledAround = rendering.settledAround, case .array(let entries)? = live.result else { return nil }
         let result =
             if let texts, texts.texts.count == entries.count {
                 texts.resultText(entries)
@@ -1125,7 +1095,7 @@ public final class Engine: @unchecked Sendable {
                     entries, runs: CoreRuns.count, minimumEntries: configuration.answerRunsMinimumEntries,
                     nice: reads.nice)
             }
-        guard let result, let answer = try? renderSettledAround(live, result) else { return nil }
+        guard let result, let answer = try? settledAround(live, result) else { return nil }
         return SettledJob(id: live.id, version: live.version, answer: answer)
     }
 

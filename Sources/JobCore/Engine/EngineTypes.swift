@@ -69,6 +69,40 @@ public enum DeleteOutcome: Sendable {
     case notFound
 }
 
+/// How the engine writes the answers it keeps (the settled-job cache) or shares (a job's node list, answers read from
+/// the store): the server gives its JSON presentation; each `nil` keeps or shares nothing of that kind.
+public struct AnswerRendering: Sendable {
+    /// Makes a settled job's answer; `nil`: settled jobs are not cached.
+    public var settled: (@Sendable (JobRecord) -> [UInt8])?
+    /// Makes a settled job's answer with its result written as text from the stored rows (`StoredResultText`),
+    /// into memory or a temporary file (`AnswerSink`); `nil`: a stored job's answer is made from its result as
+    /// values (`settled`).
+    public var settledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)?
+    /// Makes a settled job's answer in memory with its result written by the `StoredResultText` given: a running
+    /// job's, from the texts its root list's children's results were written to as they came (`AnswerTexts`);
+    /// `nil`: from its result as values (`settled`).
+    public var settledAround: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)?
+    /// Shows a settled job's nodes with their results (in tree order); `nil`: node lists are not shared.
+    public var nodeList: (@Sendable ([NodeRecord]) -> [UInt8])?
+    /// Shows a stored settled job's nodes with their results written as text from the rows (`StoredNodeListText`),
+    /// into memory or a temporary file; `nil`: they are read as values and `nodeList` shows them.
+    public var nodeListWithResultText: (@Sendable (StoredNodeListText) throws -> SettledAnswer)?
+
+    public init(
+        settled: (@Sendable (JobRecord) -> [UInt8])? = nil,
+        settledWithResultText: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)? = nil,
+        settledAround: (@Sendable (JobRecord, StoredResultText) throws -> SettledAnswer)? = nil,
+        nodeList: (@Sendable ([NodeRecord]) -> [UInt8])? = nil,
+        nodeListWithResultText: (@Sendable (StoredNodeListText) throws -> SettledAnswer)? = nil
+    ) {
+        self.settled = settled
+        self.settledWithResultText = settledWithResultText
+        self.settledAround = settledAround
+        self.nodeList = nodeList
+        self.nodeListWithResultText = nodeListWithResultText
+    }
+}
+
 /// A snapshot of the engine's counters, for `/metrics`.
 public struct EngineMetrics: Sendable {
     /// Every stored job by state.
