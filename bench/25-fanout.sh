@@ -38,18 +38,31 @@ ratio_of() {  # job times, then curl times: the ratio of the medians, then each 
     'BEGIN{printf "%.2f", j/c}') ($(printf '%s\n' "${runs[@]}" | range))"
 }
 
-# Waits until the server holds no job: the one before is written to the store and out of memory, so that neither
-# side's run shares the machine with the writes of the job before it. Bounded: 600 s.
+# Waits until the server holds no job (the one before is written to the store and out of memory), then until it has
+# had nothing to do for 200 ms (its CPU time in /proc/PID/stat still: the store's writer copies the WAL into the
+# database after a job has left memory), and writes the dirty pages out (`sync`), so that neither side's run shares
+# the machine or the disk with the writes of the run before it. Bounded: 600 s.
 quiet() {
-  local in_memory=""
+  local in_memory="" before after
   for _ in $(seq 1 6000); do
     in_memory=$(curl -sS "$base/metrics" | awk '$1 ~ /^jobserver_nodes\{/ {n += $2} END {print n + 0}')
-    [ "$in_memory" = 0 ] && return 0
+    [ "$in_memory" = 0 ] && break
     sleep 0.1
   done
-  echo "jobs still in memory after 600 s" >&2
+  [ "$in_memory" = 0 ] || { echo "jobs still in memory after 600 s" >&2; exit 1; }
+  before=$(server_ticks)
+  for _ in $(seq 1 3000); do
+    sleep 0.2
+    after=$(server_ticks)
+    [ "$after" = "$before" ] && { sync; return 0; }
+    before=$after
+  done
+  echo "the server still busy after 600 s" >&2
   exit 1
 }
+
+# The server's CPU time so far, in clock ticks (utime + stime).
+server_ticks() { awk '{print $14 + $15}' "/proc/$server/stat"; }
 
 rows=()
 for n in $SIZES; do
@@ -137,7 +150,8 @@ from sending the \`POST\` to its settled answer (\`?wait=60\`), by a client alre
 connection (\`bench/job_client.py\`): the durable submission and every state change are in it. curl's time includes its
 own process start; the last two columns time the same job from the command line, two curl processes (the submission
 and the long-poll) each started on the clock. $RUNS runs per size, each curl, the job, then the job by two curls;
-each on a quiet server (the job before written to the store and out of memory: \`jobserver_nodes\` on \`/metrics\` is 0);
+each on a quiet server (the job before written to the store and out of memory: \`jobserver_nodes\` on \`/metrics\` is 0;
+then no CPU time used for 200 ms, and the dirty pages written out with \`sync\`);
 median (min–max) of wall ms, and the ratio of the medians (min–max of the per-run ratios).
 
 | N | curl ms | job ms | job / curl | target ≤ 1.1 | job by two curls, ms | two curls / curl |
