@@ -6,7 +6,7 @@ final class GraphValidationTests: XCTestCase {
     func testChildIDsAreTheParentsADotAndThePosition() {
         for parent in ["root", "a", "root.1.22", String(repeating: "p", count: 64)] {
             for position in [0, 1, 9, 10, 99, 100, 12_345, 99_999, 100_000, 9_999_999] {
-                XCTAssertEqual(GraphValidator.childID(parent, position), parent + "." + String(position))
+                XCTAssertEqual(JobGraph.childID(parent, position), parent + "." + String(position))
             }
         }
     }

@@ -107,7 +107,7 @@ enum MapExpansion {
         roots.reserveCapacity(items.count)
         for (k, item) in items.enumerated() {
             let start = base + k * size
-            let copyID = "\(mapNode.id).\(k)"
+            let copyID = JobGraph.childID(mapNode.id, k)
             let copy = MapCopy(id: copyID, item: item, index: k, localIDs: spec.localIDs, outer: mapNode.copy)
             roots.append(start)
             for t in template {

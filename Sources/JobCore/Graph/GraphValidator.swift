@@ -318,7 +318,7 @@ struct GraphValidator {
                 } else {
                     spot = Spot(
                         place: stack[top].parent, member: "children", at: stack[top].childrenPosition, element: position)
-                    defaultID = GraphValidator.childID(stack[top].parentID, position)
+                    defaultID = JobGraph.childID(stack[top].parentID, position)
                 }
                 parent = stack[top].parent
                 depth = stack[top].depth
@@ -408,31 +408,6 @@ struct GraphValidator {
         }
         // Places and nodes are numbered together, so with no issue `idOwners` is the graph's id index.
         return JobGraph(nodes: nodes, indexByID: idOwners)
-    }
-
-    /// The default id of child `position` of the node with id `parent`: `parent.position`, written at once. Joined
-    /// with `+` and `String(position)` it took 380 instructions a node more (three strings made, two appends), 5 %
-    /// of validating a list of fetches (callgrind over ParseBench's lists).
-    static func childID(_ parent: String, _ position: Int) -> String {
-        var digits = 1
-        var rest = position / 10
-        while rest > 0 {
-            digits += 1
-            rest /= 10
-        }
-        var parent = parent
-        return parent.withUTF8 { head in
-            String(unsafeUninitializedCapacity: head.count + 1 + digits) { out in
-                _ = out.initialize(from: head)
-                out[head.count] = UInt8(ascii: ".")
-                var value = position
-                for k in stride(from: head.count + digits, to: head.count, by: -1) {
-                    out[k] = UInt8(ascii: "0") + UInt8(value % 10)
-                    value /= 10
-                }
-                return head.count + 1 + digits
-            }
-        }
     }
 
     /// Checks one node's own fields; hands back its children (unchecked) for the walk.
