@@ -20,14 +20,23 @@ final class EntryRunsTests: XCTestCase {
         ]
         for count in [2, 3, 7, 64, 1_000] {
             for runs in [2, 3, 8] where runs <= count {
-                // Entries of every size, the long ones first in some runs and not in others.
-                let entries = (0..<count).map { kinds[($0 * 5) % kinds.count] }
-                let text = try XCTUnwrap(
-                    EntryRuns.resultText(entries, runs: runs, minimumEntries: 0, nice: currentThreadNice()))
-                let bytes = try written(text)
-                XCTAssertEqual(
-                    String(decoding: bytes, as: UTF8.self), JSONValue.array(entries).text, "\(count) entries in \(runs) runs")
-                XCTAssertEqual(text.capacityBytes, bytes.count)
+                // Entries of every size, the long ones first in some runs and not in others; entries alike, which
+                // fit the room the first one's length gives a run; and alike but for a longer last one, which does not.
+                let mixed = (0..<count).map { kinds[($0 * 5) % kinds.count] }
+                let alike = [JSONValue](
+                    repeating: .object([
+                        JSONMember("k", long), JSONMember("n", 1), JSONMember("t", true), JSONMember("q", "a\"b"),
+                    ]), count: count)
+                let longerLast = Array(alike.dropLast()) + [.array([long, long])]
+                for (name, entries) in [("mixed", mixed), ("alike", alike), ("longer last", longerLast)] {
+                    let text = try XCTUnwrap(
+                        EntryRuns.resultText(entries, runs: runs, minimumEntries: 0, nice: currentThreadNice()))
+                    let bytes = try written(text)
+                    XCTAssertEqual(
+                        String(decoding: bytes, as: UTF8.self), JSONValue.array(entries).text,
+                        "\(count) \(name) entries in \(runs) runs")
+                    XCTAssertEqual(text.capacityBytes, bytes.count)
+                }
             }
         }
     }

@@ -28,39 +28,98 @@ final class JSONValueTests: XCTestCase {
         XCTAssertEqual(JSONValue.string(long).text, "\"" + long + "\"")
     }
 
+    /// `text` as a JSON string written a byte at a time: the reference the writer's word-wise scans are held to.
+    private static func escapedOneByOne(_ text: String) -> String {
+        var out = "\""
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        return out + "\""
+    }
+
+    /// A string found clean is written whole after one check whose reads depend on its length (sixteen bytes at a
+    /// time and the last sixteen again, or the first and last eight, or four, or byte by byte under four): at every
+    /// length up to 48 bytes, a byte to escape at every offset is escaped, and a string with none is written as it
+    /// is, beside bytes of 0x7F and above and the neighbours of the escaped ones.
+    func testEscapesAreFoundAtEveryOffsetOfStringsOfEveryLength() throws {
+        let specials = ["\"", "\\", "\u{00}", "\u{01}", "\n", "\u{1f}"]
+        for filler in ["x", "\u{7f}", " ", "!", "#", "]"] {
+            for length in 0...48 {
+                let plain = String(repeating: filler, count: length)
+                XCTAssertEqual(JSONValue.string(plain).text, "\"" + plain + "\"", "\(length) of \(filler)")
+                for offset in 0..<length {
+                    for special in specials {
+                        let text = String(repeating: filler, count: offset) + special
+                            + String(repeating: filler, count: length - offset - 1)
+                        XCTAssertEqual(
+                            JSONValue.string(text).text, Self.escapedOneByOne(text),
+                            "offset \(offset) of \(length) of \(filler)")
+                    }
+                }
+            }
+        }
+        for length in 0...24 {
+            let wide = String(repeating: "é", count: length)
+            XCTAssertEqual(JSONValue.string(wide).text, "\"" + wide + "\"")
+            XCTAssertEqual(JSONValue.string(wide + "\"").text, Self.escapedOneByOne(wide + "\""))
+        }
+    }
+
     /// The writer skips sixteen bytes, then eight, at a time where none needs an escape: a byte that does is escaped at
     /// every offset within and across those words, beside bytes of 0x80 and above, as a byte-at-a-time writer does it.
     func testEscapesAreFoundAtEveryOffsetOfTheWordWiseScan() throws {
-        func reference(_ text: String) -> String {
-            var out = "\""
-            for scalar in text.unicodeScalars {
-                switch scalar {
-                case "\"": out += "\\\""
-                case "\\": out += "\\\\"
-                case "\n": out += "\\n"
-                case "\r": out += "\\r"
-                case "\t": out += "\\t"
-                case _ where scalar.value < 0x20: out += String(format: "\\u%04x", scalar.value)
-                default: out.unicodeScalars.append(scalar)
-                }
-            }
-            return out + "\""
-        }
         let specials = (0..<0x20).map { String(UnicodeScalar(UInt8($0))) } + ["\"", "\\"]
         for filler in ["x", "é", "\u{7f}", "😀", "!"] {
             for special in specials {
                 for offset in 0..<40 {
                     let before = String(repeating: filler, count: offset)
                     let text = before + special + String(repeating: filler, count: 39 - offset)
-                    XCTAssertEqual(JSONValue.string(text).text, reference(text), "offset \(offset) of \(filler)")
+                    XCTAssertEqual(JSONValue.string(text).text, Self.escapedOneByOne(text), "offset \(offset) of \(filler)")
                 }
             }
             let plain = String(repeating: filler, count: 37)
-            XCTAssertEqual(JSONValue.string(plain).text, reference(plain))
+            XCTAssertEqual(JSONValue.string(plain).text, Self.escapedOneByOne(plain))
         }
         // Bytes just beside the escaped ones (0x20, 0x21, 0x23, 0x5B, 0x5D) pass as they are.
         let neighbours = String(repeating: " !#[]", count: 8)
         XCTAssertEqual(JSONValue.string(neighbours).text, "\"" + neighbours + "\"")
+    }
+
+    /// An object of four or more scalar members written again from the same storage (a fetch result's `headers`,
+    /// which results alike share) is a copy of its text written before: the same bytes as each entry written on its
+    /// own, whatever room the first pass is given, so that the copy falls before, across or after where the bytes
+    /// stop fitting, and whatever escapes the members need.
+    func testAnObjectWrittenAgainFromTheSameStorageIsItsTextAgain() throws {
+        let headers = JSONValue.object((0..<8).map { JSONMember("h\($0)", .string("v\"\($0)")) })
+        let few = JSONValue.object([JSONMember("a", 1), JSONMember("b", .string("x")), JSONMember("c", nil)])
+        let nested = JSONValue.object((0..<5).map { JSONMember("n\($0)", .array([.string("y")])) })
+        for count in [1, 2, 3, 7] {
+            let entries: [JSONValue] = (0..<count).map { k in
+                .object([
+                    JSONMember("status", .int(k)), JSONMember("headers", headers), JSONMember("few", few),
+                    JSONMember("nested", nested), JSONMember("body", .string(String(repeating: "b\n", count: k * 5))),
+                ])
+            }
+            let list = JSONValue.array(entries)
+            // Written one by one, no entry shares a sink with another.
+            let expected = "[" + entries.map(\.text).joined(separator: ",") + "]"
+            XCTAssertEqual(list.text, expected)
+            for room in stride(from: 0, through: expected.utf8.count + 8, by: 3) {
+                let bytes = ByteSink.bytes(unescapedCount: room) { list.write(to: &$0) }
+                XCTAssertEqual(String(decoding: bytes, as: UTF8.self), expected, "\(count) entries, room \(room)")
+            }
+        }
+        // The same members in storage of their own are written anew, to the same text.
+        let again = try JSONValue.parse(headers.text)
+        XCTAssertEqual(JSONValue.array([headers, again, headers]).text, "[" + [headers.text, again.text, headers.text].joined(separator: ",") + "]")
     }
 
     /// `bytes` writes into a buffer sized for the text without escapes and a margin: a text whose escapes outgrow it,

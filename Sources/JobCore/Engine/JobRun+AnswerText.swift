@@ -166,11 +166,25 @@ enum EntryRuns {
     /// The text of run `run` of `runs`.
     private static func write(_ entries: [JSONValue], run: Int, of runs: Int) -> [UInt8] {
         let range = CoreRuns.part(run, of: runs, count: entries.count)
-        var text: [UInt8] = []
-        // The run's first entry's length for each: a list's entries are mostly alike, and a run that outgrows it is
-        // grown by doubling.
-        text.reserveCapacity((entries[range.lowerBound].unescapedByteCount + 1) * range.count * 65 / 64 + 16)
-        for k in range {
+        // Room for the run's first entry's length for each (a list's entries are mostly alike), written in one pass
+        // of one sink: each entry appended on its own was first walked to count its length, and its room zeroed.
+        // The entries that do not fit, once one is longer than the first, are appended one by one, the array grown
+        // by doubling.
+        let unescaped = (entries[range.lowerBound].unescapedByteCount + 1) * range.count
+        var next = range.lowerBound
+        var text = [UInt8](unsafeUninitializedCapacity: ByteSink.room(forUnescaped: unescaped)) { buffer, initialized in
+            var sink = ByteSink(buffer)
+            var kept = 0
+            while next < range.upperBound {
+                if next > 0 { sink.append(UInt8(ascii: ",")) }
+                entries[next].write(to: &sink)
+                guard sink.fits else { break }
+                kept = sink.needed
+                next += 1
+            }
+            initialized = kept
+        }
+        for k in next..<range.upperBound {
             if k > 0 { text.append(UInt8(ascii: ",")) }
             entries[k].append(to: &text)
         }
