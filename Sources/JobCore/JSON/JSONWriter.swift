@@ -133,9 +133,10 @@ extension JSONValue {
     private static func writeEscaped(_ bytes: UnsafeBufferPointer<UInt8>, to sink: inout ByteSink) {
         guard let base = bytes.baseAddress else { return }
         let count = bytes.count
-        if hasNoEscape(base, count: count) { return sink.append(base, count: count) }
+        // The loop starts where the check of the whole string stopped: the bytes before need no escape.
+        var i = cleanPrefix(base, count: count)
+        if i == count { return sink.append(base, count: count) }
         var runStart = 0
-        var i = 0
         let vectors = EscapeVectors.shared
         while i < count {
             // Sixteen bytes at a time, then eight, while none needs an escape: most of a body's text does not.
@@ -151,7 +152,7 @@ extension JSONValue {
             }
             let c = base[i]
             i += 1
-            guard c < 0x20 || c == UInt8(ascii: "\"") || c == UInt8(ascii: "\\") else { continue }
+            guard needsEscape(c) else { continue }
             sink.append(base + runStart, count: i - 1 - runStart)
             appendEscaped(c, to: &sink)
             runStart = i
@@ -159,37 +160,44 @@ extension JSONValue {
         sink.append(base + runStart, count: count - runStart)
     }
 
-    /// Whether none of the `count` bytes from `base` needs an escape, as most strings' bytes do not; `false` may also
-    /// mean that one might (`writeEscaped`'s loop then finds which). Sixteen bytes at a time, then the last sixteen, or
-    /// the first and last eight or four, read again from the end (bytes already found clean, read twice) rather than
-    /// one by one: a fetch's result is mostly short strings (its header fields, its members' names), whose bytes one
-    /// by one took about 10 instructions each (callgrind).
+    /// How many of the `count` bytes from `base` are known to need no escape, from the first: `count` for a string
+    /// with none, as most are; less where one may (`writeEscaped`'s loop then finds which, from there). Sixteen
+    /// bytes at a time, then the last sixteen, or the first and last eight or four, read again from the end (bytes
+    /// already found clean, read twice) rather than one by one: a fetch's result is mostly short strings (its header
+    /// fields, its members' names), whose bytes one by one took about 10 instructions each (callgrind).
     @inline(__always)
-    private static func hasNoEscape(_ base: UnsafePointer<UInt8>, count: Int) -> Bool {
+    private static func cleanPrefix(_ base: UnsafePointer<UInt8>, count: Int) -> Int {
         let start = UnsafeRawPointer(base)
         if count >= 16 {
             let vectors = EscapeVectors.shared
             var i = 0
             while i &+ 16 <= count {
-                if vectors.anyNeedsEscape(start.loadUnaligned(fromByteOffset: i, as: SIMD16<UInt8>.self)) { return false }
+                if vectors.anyNeedsEscape(start.loadUnaligned(fromByteOffset: i, as: SIMD16<UInt8>.self)) { return i }
                 i &+= 16
             }
-            return i == count || !vectors.anyNeedsEscape(start.loadUnaligned(fromByteOffset: count &- 16, as: SIMD16<UInt8>.self))
+            if i == count { return count }
+            return vectors.anyNeedsEscape(start.loadUnaligned(fromByteOffset: count &- 16, as: SIMD16<UInt8>.self))
+                ? i : count
         }
         if count >= 8 {
-            return !mayNeedEscape(start.loadUnaligned(as: UInt64.self))
+            let clean = !mayNeedEscape(start.loadUnaligned(as: UInt64.self))
                 && !mayNeedEscape(start.loadUnaligned(fromByteOffset: count &- 8, as: UInt64.self))
+            return clean ? count : 0
         }
         if count >= 4 {
             // Each four bytes twice over: the test is the eight bytes'.
             let first = UInt64(start.loadUnaligned(as: UInt32.self))
             let last = UInt64(start.loadUnaligned(fromByteOffset: count &- 4, as: UInt32.self))
-            return !mayNeedEscape(first | first << 32) && !mayNeedEscape(last | last << 32)
+            return !mayNeedEscape(first | first << 32) && !mayNeedEscape(last | last << 32) ? count : 0
         }
-        for k in 0..<count where base[k] < 0x20 || base[k] == UInt8(ascii: "\"") || base[k] == UInt8(ascii: "\\") {
-            return false
-        }
-        return true
+        for k in 0..<count where needsEscape(base[k]) { return k }
+        return count
+    }
+
+    /// Whether `byte` is one JSON escapes in a string: a control byte, a quote or a backslash.
+    @inline(__always)
+    private static func needsEscape(_ byte: UInt8) -> Bool {
+        byte < 0x20 || byte == UInt8(ascii: "\"") || byte == UInt8(ascii: "\\")
     }
 
     /// Whether any of the eight bytes in `word` may be a control byte, a quote or a backslash: never false when one
