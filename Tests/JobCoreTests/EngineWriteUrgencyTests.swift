@@ -10,8 +10,8 @@ import XCTest
 /// writer, is `WriteQueueTests`.
 final class EngineWriteUrgencyTests: EngineTestCase {
     func testTheEndOfAFetchThatMayNotBeRepeatedIsHandedToTheStoreAsUrgent() throws {
-        let recorder = RecordingStore.Batches([])
-        let engine = try makeEngine(store: { RecordingStore(base: $0, batches: recorder) })
+        let recorder = Batches([])
+        let engine = try makeEngine(store: { recording($0, recorder) })
         // (method, the fetch's `idempotent` field, whether its end is urgent)
         let table: [(method: String, idempotent: Bool?, urgent: Bool)] = [
             ("POST", nil, true),
@@ -33,7 +33,7 @@ final class EngineWriteUrgencyTests: EngineTestCase {
                   {"type":"fetch","method":"\(row.method)","url":"\(upstream.url("/echo"))"\(idempotent)},
                   {"type":"fetch","url":"\(upstream.url("/hang"))"}]}}
                 """)
-            let settlesTheFetch = { (batch: RecordingStore.Batch) in
+            let settlesTheFetch = { (batch: Batch) in
                 batch.settledNodes.contains(NodeKey(jobID: job.id, position: 1))
             }
             let handedOver = recorder.wait(milliseconds: 10_000) { $0.contains(where: settlesTheFetch) }
@@ -54,9 +54,9 @@ extension EngineWriteUrgencyTests {
     /// so that the writer does not hold them all until it settles; a job within the bound has none of its fetches'
     /// ends urgent (they may all be repeated).
     func testAJobLargerThanTheNodeBoundHasItsChangesWrittenAsItRuns() throws {
-        let recorder = RecordingStore.Batches([])
+        let recorder = Batches([])
         let engine = try makeEngine(
-            configure: { $0.maxActiveNodes = 8 }, store: { RecordingStore(base: $0, batches: recorder) })
+            configure: { $0.maxActiveNodes = 8 }, store: { recording($0, recorder) })
         // (fetches under the list, whether a change is urgent before the job settles)
         let rows: [(what: String, fetches: Int, urgent: Bool)] = [
             ("8 nodes, the bound", 7, false),
@@ -77,86 +77,18 @@ extension EngineWriteUrgencyTests {
     }
 }
 
-/// A store that hands everything to `base` and keeps, for each batch of state changes the engine queues, which nodes
-/// it settles and whether it was urgent.
-private final class RecordingStore: JobStore {
-    struct Batch {
-        var urgent: Bool
-        var settledNodes: Set<NodeKey>
-    }
-    typealias Batches = Watched<[Batch]>
+/// For each batch of state changes the engine queues, which nodes it settles and whether it was urgent.
+private struct Batch {
+    var urgent: Bool
+    var settledNodes: Set<NodeKey>
+}
 
-    let base: JobStore
-    let batches: Batches
+private typealias Batches = Watched<[Batch]>
 
-    init(base: JobStore, batches: Batches) {
-        self.base = base
-        self.batches = batches
-    }
-
-    func enqueue(
-        jobs: [JobRecord], nodes: [NodeRecord], bodies: [(jobID: String, nodeID: String, body: StoredBody)], urgent: Bool
-    ) {
-        base.enqueue(jobs: jobs, nodes: nodes, bodies: bodies, urgent: urgent)
+/// A store over `base` that records each batch of state changes in `batches`.
+private func recording(_ base: JobStore, _ batches: Batches) -> JobStore {
+    ForwardingStore(base: base, enqueued: { nodes, urgent in
         let settled = Set(nodes.filter(\.state.isSettled).map { NodeKey(jobID: $0.jobID, position: $0.position) })
         batches.withLock { $0.append(Batch(urgent: urgent, settledNodes: settled)) }
-    }
-
-    func createJob(
-        _ job: JobRecord, nodes: [NodeRecord], idempotencyKey: String?, requestHash: String?, nodesMayFollow: Bool,
-        completion: @escaping @Sendable (Result<CreateOutcome, StoreError>) -> Void
-    ) {
-        base.createJob(
-            job, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash, nodesMayFollow: nodesMayFollow,
-            completion: completion)
-    }
-    func enqueue(unstoredNodes: [NodeRecord]) { base.enqueue(unstoredNodes: unstoredNodes) }
-    func flush(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) { base.flush(completion) }
-    func whenCommitted(_ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
-        base.whenCommitted(completion)
-    }
-    var health: StoreHealth { base.health }
-    func waitForHealth(milliseconds: Int64, until accept: (StoreHealth) -> Bool) -> Bool {
-        base.waitForHealth(milliseconds: milliseconds, until: accept)
-    }
-    func job(id: String) throws -> JobRecord? { try base.job(id: id) }
-    func jobWithoutRequest(id: String) throws -> JobRecord? { try base.jobWithoutRequest(id: id) }
-    func jobState(id: String) throws -> NodeState? { try base.jobState(id: id) }
-    func jobVersion(id: String) throws -> Int64? { try base.jobVersion(id: id) }
-    func nodeCount(id: String) throws -> Int? { try base.nodeCount(id: id) }
-    func listJobs(state: NodeState?, limit: Int, cursor: String?) throws -> JobPage {
-        try base.listJobs(state: state, limit: limit, cursor: cursor)
-    }
-    func nodes(jobID: String, includeResults: Bool) throws -> [NodeRecord] {
-        try base.nodes(jobID: jobID, includeResults: includeResults)
-    }
-    func node(jobID: String, nodeID: String) throws -> NodeRecord? { try base.node(jobID: jobID, nodeID: nodeID) }
-    func body(jobID: String, nodeID: String) throws -> StoredBody? { try base.body(jobID: jobID, nodeID: nodeID) }
-    func deleteJob(id: String, _ completion: @escaping @Sendable (Result<Bool, StoreError>) -> Void) {
-        base.deleteJob(id: id, completion)
-    }
-    func unfinishedJobs(unreadable: inout [UnreadableJob]) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
-        try base.unfinishedJobs(unreadable: &unreadable)
-    }
-    func unsettledNodesOfSettledJobs() throws -> [NodeRecord] { try base.unsettledNodesOfSettledJobs() }
-    func sweep(finishedBeforeMs: Int64) throws -> Int { try base.sweep(finishedBeforeMs: finishedBeforeMs) }
-    func jobCounts() throws -> [NodeState: Int] { try base.jobCounts() }
-    func settledJobCounts(finishedBeforeMs: Int64) throws -> [NodeState: Int] {
-        try base.settledJobCounts(finishedBeforeMs: finishedBeforeMs)
-    }
-    func close() { base.close() }
-    func dueJobs(
-        atOrBeforeMs: Int64, after: (dueAt: Int64, id: String)?, limit: Int, maxNodes: Int, skipping: (String) -> Bool,
-        unreadable: inout [UnreadableJob]
-    ) throws -> [(job: JobRecord, nodes: [NodeRecord])] {
-        try base.dueJobs(
-            atOrBeforeMs: atOrBeforeMs, after: after, limit: limit, maxNodes: maxNodes, skipping: skipping,
-            unreadable: &unreadable)
-    }
-    func nextDueAt(after afterMs: Int64) throws -> Int64? { try base.nextDueAt(after: afterMs) }
-    func scheduledJobCount() throws -> Int { try base.scheduledJobCount() }
-    func expandMap(_ expansion: MapExpansionRecord, _ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
-        base.expandMap(expansion, completion)
-    }
-    func mapExpansions(jobID: String) throws -> [MapExpansionRecord] { try base.mapExpansions(jobID: jobID) }
+    })
 }

@@ -306,7 +306,7 @@ extension Engine {
         do {
             let early: Result<RetryOutcome, Error>? = queue.sync {
                 if shuttingDown { return .failure(EngineError.shuttingDown("the server is shutting down")) }
-                guard let run = runs[id] else { return nil }
+                guard let run = visibleRun(id) else { return nil }
                 switch run.record.state {
                 case .failed, .cancelled:
                     // Settled but still in memory (its last state on its way to the disk, or children a

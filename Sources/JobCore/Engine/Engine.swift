@@ -24,6 +24,12 @@ public final class Engine: @unchecked Sendable {
 
     // Owned by `queue`.
     var runs: [String: JobRun] = [:]
+    /// The run of job `id` as requests about the job find it: not one whose creation has not committed yet
+    /// (`JobRun.provisional`), which no client has heard of and which may still be dropped.
+    func visibleRun(_ id: String) -> JobRun? {
+        guard let run = runs[id], !run.provisional else { return nil }
+        return run
+    }
     var unsettledJobs = 0 {
         didSet { activeJobCount.store(unsettledJobs, ordering: .relaxed) }
     }
@@ -417,6 +423,21 @@ public final class Engine: @unchecked Sendable {
         let requestHash = idempotencyKey == nil ? nil : fnv1aHex(requestBytes ?? request.bytes)
         let nodes = spec.graph.pendingNodeRecords(jobID: id)
         let waits = dueAt
+        if waits == nil, idempotencyKey == nil, startsBeforeCommit(spec) {
+            // Queued before the create, so that its commit's answer finds the run.
+            queue.async { [self] in
+                let run = JobRun(engine: self, graph: spec.graph, record: created, nodes: nodes)
+                run.roomHeld = reserved
+                run.provisional = true
+                activate(run)
+            }
+            store.createJob(
+                created, nodes: nodes, idempotencyKey: nil, requestHash: nil, nodesMayFollow: true
+            ) { [self] result in
+                queue.async { [self] in confirmStart(of: id, result, completion) }
+            }
+            return
+        }
         let create: @Sendable () -> Void = { [self] in
             store.createJob(
                 created, nodes: nodes, idempotencyKey: idempotencyKey, requestHash: requestHash,
@@ -465,6 +486,66 @@ public final class Engine: @unchecked Sendable {
         }.get()
     }
 
+    /// Whether a submission that starts now may start before its creation commits: its fetches then run while the
+    /// store writes its row (for a job of 100,000 fetches, its 9 MB request), and its answer still waits for the
+    /// commit. Only for a job of `configuration.startBeforeCommitNodes` nodes or more, on one server, without a
+    /// concurrency key (whose slot is the store's to give) or maps (whose items are written as they expand), and
+    /// whose every fetch is a `GET` or `HEAD` that neither joins another's transfer nor uses the response cache:
+    /// should the commit fail, the job is dropped, and it must have done nothing but read.
+    func startsBeforeCommit(_ spec: JobSpec) -> Bool {
+        guard shared == nil, spec.schedule.concurrencyKey == nil,
+            spec.graph.nodes.count >= configuration.startBeforeCommitNodes
+        else { return false }
+        return spec.graph.nodes.allSatisfy { node in
+            switch node.kind {
+            case .fetch(let request):
+                return (request.method == "GET" || request.method == "HEAD") && !request.coalesce
+                    && request.cache == .off
+            case .list, .sequence: return true
+            case .map: return false
+            }
+        }
+    }
+
+    /// Answers a submission whose run started before its creation committed (`startsBeforeCommit`), now that the
+    /// store answered: committed, the run hands the store what it changed meanwhile; refused, it is dropped
+    /// without a trace, and the submission fails. On the queue, after the turn that activated the run.
+    private func confirmStart(
+        of id: String, _ result: Result<CreateOutcome, StoreError>,
+        _ completion: @escaping @Sendable (Result<SubmitOutcome, Error>) -> Void
+    ) {
+        guard let run = runs[id], run.provisional else {
+            // Not reached: nothing takes a provisional run out of `runs` but this.
+            return Self.answer(completion) { .failure(EngineError.storage("job \(id) was lost before its creation committed")) }
+        }
+        guard case .success(.created) = result else {
+            run.stop()
+            if let counted = countedJobState[id] { jobsByState[counted, default: 0] -= 1 }
+            forget(run)
+            return Self.answer(completion) {
+                switch result {
+                case .failure(let error): return .failure(error)
+                // Without an idempotency key the store answers nothing but `.created`.
+                case .success(let outcome):
+                    return .failure(EngineError.storage("job \(id): the store answered \(outcome) to its creation"))
+                }
+            }
+        }
+        run.provisional = false
+        if !run.stopping, run.dirtyJob || !run.dirtyNodes.isEmpty || !run.pendingBodies.isEmpty { markDirty(run) }
+        answerCreated(shownRecord(run), nodes: run.nodes.count, completion)
+    }
+
+    /// Answers a submission whose job is created.
+    private func answerCreated(
+        _ shown: JobRecord, nodes: Int, _ completion: @escaping @Sendable (Result<SubmitOutcome, Error>) -> Void
+    ) {
+        Self.answer(completion) { [self] in
+            logger.info("job created", ["job": .string(shown.id), "nodes": .int(nodes)])
+            return .success(.created(shown))
+        }
+    }
+
     /// Takes in a job whose creation just committed (on the store's thread): one that waits for its time is counted
     /// among the scheduled, one that starts now is activated, each in a turn of `queue`. With a concurrency key
     /// shared through the store, its admission asks the store first, off both threads.
@@ -472,12 +553,7 @@ public final class Engine: @unchecked Sendable {
         _ job: JobRecord, _ graph: JobGraph, _ nodes: [NodeRecord], reserved: Int,
         _ completion: @escaping @Sendable (Result<SubmitOutcome, Error>) -> Void
     ) {
-        let created: @Sendable (JobRecord) -> Void = { [self] shown in
-            Self.answer(completion) { [self] in
-                logger.info("job created", ["job": .string(job.id), "nodes": .int(nodes.count)])
-                return .success(.created(shown))
-            }
-        }
+        let created: @Sendable (JobRecord) -> Void = { [self] shown in answerCreated(shown, nodes: nodes.count, completion) }
         if let dueAt = job.dueAt {
             queue.async { [self] in
                 timekeeper.scheduledJobs += 1
@@ -637,7 +713,7 @@ public final class Engine: @unchecked Sendable {
         _ completion: @escaping @Sendable (Result<Answer, Error>) -> Void
     ) {
         queue.async {
-            let found = self.runs[jobID].map(live)
+            let found = self.visibleRun(jobID).map(live)
             self.onReadQueue {
                 if let found {
                     completion(.success(found))
@@ -854,7 +930,7 @@ public final class Engine: @unchecked Sendable {
     /// Cancels the job if this engine runs it and hands its nodes' new states to the store; on the queue.
     /// `nil` when the job is not in memory.
     func cancelLive(_ id: String) -> Result<CancelOutcome, Error>? {
-        guard let run = runs[id] else { return nil }
+        guard let run = visibleRun(id) else { return nil }
         if shuttingDown || run.stopping { return .failure(EngineError.shuttingDown("the server is shutting down")) }
         if let settled = Self.cancelOutcome(ofSettled: run.record) { return .success(settled) }
         run.cancel()
@@ -893,7 +969,7 @@ public final class Engine: @unchecked Sendable {
     /// the job is looked at on `queue`, the store read on a read queue once what came before is committed.
     public func delete(id: String, _ completion: @escaping @Sendable (Result<DeleteOutcome, Error>) -> Void) {
         queue.async {
-            if let run = self.runs[id] {
+            if let run = self.visibleRun(id) {
                 if !run.record.state.isSettled {
                     let job = run.record
                     self.onReadQueue { completion(.success(.active(job))) }
@@ -979,7 +1055,7 @@ public final class Engine: @unchecked Sendable {
     private func register(_ waiter: Waiter, timeoutMs: Int, scheduled: Bool = false) {
         guard !waiter.done else { return }  // cancelled before it got here
         let id = waiter.jobID
-        let run = runs[id]
+        let run = visibleRun(id)
         if run == nil, !scheduled {
             let shuttingDown = self.shuttingDown
             onReadQueue { self.waitForStored(waiter, timeoutMs: timeoutMs, shuttingDown: shuttingDown) }
@@ -1037,7 +1113,7 @@ public final class Engine: @unchecked Sendable {
         let timer = DispatchWorkItem { [weak self, waiter] in
             guard let self, !waiter.done else { return }
             self.dropWaiter(waiter, jobID: id)
-            self.answer([waiter], live: self.runs[id], jobID: id)
+            self.answer([waiter], live: self.visibleRun(id), jobID: id)
         }
         if waiter.arm(timer) { queue.asyncAfter(deadline: .now() + .milliseconds(timeoutMs), execute: timer) }
     }
@@ -1116,7 +1192,7 @@ public final class Engine: @unchecked Sendable {
         let subscriber = JobEventSubscriber(jobID: id, handler: handler)
         subscriber.engine = self
         queue.async {
-            if let run = self.runs[id] {
+            if let run = self.visibleRun(id) {
                 if self.shuttingDown {
                     let batch = JobEventBatch(job: run.record, nodes: [], jobStateChanged: true, isLast: true)
                     self.eventHub.fanOut.async { subscriber.deliver(batch) }
@@ -1314,6 +1390,8 @@ public final class Engine: @unchecked Sendable {
     }
 
     func markDirty(_ run: JobRun) {
+        // Its changes wait in the run for its creation's commit (`confirmStart`).
+        if run.provisional { return }
         dirtyRuns[ObjectIdentifier(run)] = run
         guard !flushScheduled else { return }
         flushScheduled = true

@@ -20,6 +20,9 @@ public struct EngineConfiguration: Sendable {
     /// A settled job's answer made at the end from a result that is a list of this many entries or more is written
     /// on every core at once (`EntryRuns`): fewer are not worth handing out.
     public var answerRunsMinimumEntries = 4_096
+    /// A submission of this many nodes or more that may start now starts as its creation is written, not once it
+    /// is committed (`Engine.startsBeforeCommit`); its answer still waits for the commit.
+    public var startBeforeCommitNodes = 1_000
     /// Answers made from the store for jobs of this many nodes or more are made one at a time (`Engine.largeReads`).
     public var largeReadNodes = 10_000
     /// Each job's response byte budget (`ByteBudget`); 0: none. The server sets it from `--max-job-bytes`.

@@ -29,6 +29,9 @@ final class JobRun: @unchecked Sendable {
     var deadlineExpired = false
     /// Set at shutdown: nothing more is recorded, so the job resumes on the next start.
     var stopping = false
+    /// Started before its job's creation committed (`Engine.startsBeforeCommit`): it hands the store nothing, and
+    /// requests from outside do not find it (`Engine.visibleRun`), until the commit does, or it is dropped unwritten.
+    var provisional = false
     var deadlineTimer: Cancellable?
     var unsettledNodes: Int
     var dirtyNodes: Set<Int> = []
