@@ -24,12 +24,6 @@ public final class Engine: @unchecked Sendable {
 
     // Owned by `queue`.
     var runs: [String: JobRun] = [:]
-    /// The run of job `id` as requests about the job find it: not one whose creation has not committed yet
-    /// (`JobRun.provisional`), which no client has heard of and which may still be dropped.
-    func visibleRun(_ id: String) -> JobRun? {
-        guard let run = runs[id], !run.provisional else { return nil }
-        return run
-    }
     var unsettledJobs = 0 {
         didSet { activeJobCount.store(unsettledJobs, ordering: .relaxed) }
     }
@@ -1387,6 +1381,13 @@ public final class Engine: @unchecked Sendable {
             if self.rateTimerDueNs == dueNs { self.rateTimerDueNs = nil }
             self.schedulePump()
         }
+    }
+
+    /// The run of job `id` as requests about the job find it: not one whose creation has not committed yet
+    /// (`JobRun.provisional`), which no client has heard of and which may still be dropped.
+    func visibleRun(_ id: String) -> JobRun? {
+        guard let run = runs[id], !run.provisional else { return nil }
+        return run
     }
 
     func markDirty(_ run: JobRun) {
