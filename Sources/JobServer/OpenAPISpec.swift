@@ -144,7 +144,13 @@ paths:
         submits again at once, whatever `Retry-After` says, is slowed to one
         refusal per connection every 50 ms); when the job store cannot write (disk full), it is
         `503 storage_unavailable` with `Retry-After`. Neither bad input nor a
-        refused submission leaves a half-written job.
+        refused submission leaves a half-written job. A job of 1,000 nodes or
+        more whose fetches only read (`GET` or `HEAD`, no `coalesce`, no
+        `cache`, no `map`), sent without an idempotency key or a
+        `concurrency_key`, begins its fetches while its creation is written;
+        its `201` still waits for that write, and should the write fail the
+        job is dropped, its fetches having only read, and the answer is that
+        `503`.
 
         Data flow (API.md §6): a job may carry `input`; a fetch's `url`,
         `headers` values, `query` values, `body` and `json`, and any node's
