@@ -200,7 +200,7 @@ extension Engine {
                     continue
                 }
                 run.begin()
-                if run.dirtyJob || !run.dirtyNodes.isEmpty { markDirty(run) }
+                if run.hasUnwrittenChanges { markDirty(run) }
             }
             schedulePump()
         }

@@ -48,7 +48,7 @@ extension Engine: KeyAdmissionDelegate {
             }
             guard let run = runs[id], !run.record.state.isSettled, !run.stopping, !shuttingDown else { continue }
             run.begin()
-            if run.dirtyJob || !run.dirtyNodes.isEmpty { markDirty(run) }
+            if run.hasUnwrittenChanges { markDirty(run) }
             began = true
         }
         if began { schedulePump() }

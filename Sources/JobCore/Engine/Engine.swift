@@ -526,7 +526,7 @@ public final class Engine: @unchecked Sendable {
             }
         }
         run.provisional = false
-        if !run.stopping, run.dirtyJob || !run.dirtyNodes.isEmpty || !run.pendingBodies.isEmpty { markDirty(run) }
+        if !run.stopping, run.hasUnwrittenChanges { markDirty(run) }
         answerCreated(shownRecord(run), nodes: run.nodes.count, completion)
     }
 
@@ -603,7 +603,7 @@ public final class Engine: @unchecked Sendable {
         if !hold { admit(run, resumed: resumed) }
         // A rebuilt run may have changed before it began (nodes settled as left over, a job that only missed
         // its last write): those changes go with the next batch.
-        if run.dirtyJob || !run.dirtyNodes.isEmpty { markDirty(run) }
+        if run.hasUnwrittenChanges { markDirty(run) }
         schedulePump()
     }
 

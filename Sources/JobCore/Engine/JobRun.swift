@@ -37,6 +37,8 @@ final class JobRun: @unchecked Sendable {
     var dirtyNodes: Set<Int> = []
     var dirtyJob = false
     var pendingBodies: [(jobID: String, nodeID: String, body: StoredBody)] = []
+    /// Whether it changed since its changes were last handed to the store (`Engine.flushDirty` clears all three).
+    var hasUnwrittenChanges: Bool { dirtyJob || !dirtyNodes.isEmpty || !pendingBodies.isEmpty }
     /// The nodes this run holds of `Engine.nodeRoom`, given back when the engine forgets it.
     var roomHeld = 0
     /// Node changes handed to the store since it was last asked to write them at once (`Engine.flushDirty`).
