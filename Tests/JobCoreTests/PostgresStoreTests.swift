@@ -32,32 +32,7 @@ final class PostgresTestCluster: @unchecked Sendable {
 /// Every `StoreTests` test on a `PostgresJobStore`. The few that test SQLite's file are replaced by their
 /// PostgreSQL counterpart, or by nothing where there is none (each says why).
 final class PostgresStoreTests: StoreTests, @unchecked Sendable {  // @unchecked: as StoreTestCase's
-    static let postgres = PostgresTestCluster()
-    var databaseURL = ""
-
-    override class func setUp() {
-        super.setUp()
-        postgres.start()
-    }
-
-    override class func tearDown() {
-        postgres.stop()
-        super.tearDown()
-    }
-
-    override func setUpWithError() throws {
-        try super.setUpWithError()
-        databaseURL = try Self.postgres.freshDatabase()
-    }
-
-    override func tearDown() {
-        databaseURL = ""
-        super.tearDown()
-    }
-
-    override func makeStore() throws -> JobStore {
-        try PostgresJobStore(url: databaseURL)
-    }
+    override class var usesPostgres: Bool { true }
 
     override func assertSchemaIsCurrent() throws {
         let raw = try PostgresConnection(url: databaseURL)
@@ -117,32 +92,7 @@ final class PostgresStoreTests: StoreTests, @unchecked Sendable {  // @unchecked
 
 /// `StoreFailureTests` on a `PostgresJobStore`.
 final class PostgresStoreFailureTests: StoreFailureTests, @unchecked Sendable {  // @unchecked: as StoreTestCase's
-    static let postgres = PostgresTestCluster()
-    var databaseURL = ""
-
-    override class func setUp() {
-        super.setUp()
-        postgres.start()
-    }
-
-    override class func tearDown() {
-        postgres.stop()
-        super.tearDown()
-    }
-
-    override func setUpWithError() throws {
-        try super.setUpWithError()
-        databaseURL = try Self.postgres.freshDatabase()
-    }
-
-    override func tearDown() {
-        databaseURL = ""
-        super.tearDown()
-    }
-
-    override func makeStore() throws -> JobStore {
-        try PostgresJobStore(url: databaseURL)
-    }
+    override class var usesPostgres: Bool { true }
 
     /// The server goes away under the store: writes fail as a resource failure (kept, retried, degraded) and the
     /// kept change commits once the server is back — here, once the connection the writer lost is opened again.
@@ -170,34 +120,7 @@ final class PostgresStoreFailureTests: StoreFailureTests, @unchecked Sendable { 
 /// `StoreDurabilityTests` on PostgreSQL: a child process writing to a `PostgresJobStore` is killed with SIGKILL;
 /// every job it was answered for and every change a flush confirmed is in the database.
 final class PostgresStoreDurabilityTests: StoreDurabilityTests, @unchecked Sendable {  // @unchecked: as StoreTestCase's
-    static let postgres = PostgresTestCluster()
-    var databaseURL = ""
-
-    override class func setUp() {
-        super.setUp()
-        postgres.start()
-    }
-
-    override class func tearDown() {
-        postgres.stop()
-        super.tearDown()
-    }
-
-    override func setUpWithError() throws {
-        try super.setUpWithError()
-        // The child process runs the SQLite class's child test, which opens what it is given.
-        if ProcessInfo.processInfo.environment["JOBSERVER_STORE_CHILD_DB"] != nil { return }
-        databaseURL = try Self.postgres.freshDatabase()
-    }
-
-    override func tearDown() {
-        databaseURL = ""
-        super.tearDown()
-    }
-
-    override func makeStore() throws -> JobStore {
-        try PostgresJobStore(url: databaseURL)
-    }
+    override class var usesPostgres: Bool { true }
 
     override func childStoreLocation() throws -> String { databaseURL }
 

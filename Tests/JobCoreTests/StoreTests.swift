@@ -10,14 +10,39 @@ import Glibc
 /// A temporary folder per test, removed afterwards.
 class StoreTestCase: XCTestCase, @unchecked Sendable {
     // @unchecked: the threads of `onThreads` call its helpers (`makeJob`, `create`, `makeStore`). The stored
-    // properties here and in the subclasses (`folder`, `databaseURL`) are written only in `setUpWithError` and
+    // properties (`folder`, `databaseURL`) are written only in `setUpWithError` and
     // `tearDown`, which XCTest runs before the test starts any thread and after `onThreads` has waited for them all.
     var folder = ""
+    /// This test's database, in a class that runs on PostgreSQL.
+    var databaseURL = ""
+
+    /// True in the subclasses that run their inherited tests on PostgreSQL (PostgresStoreTests.swift).
+    class var usesPostgres: Bool { false }
+    /// The class's throwaway cluster while a PostgreSQL class runs (XCTest runs one class at a time).
+    nonisolated(unsafe) static var postgres: PostgresTestCluster?
+
+    override class func setUp() {
+        super.setUp()
+        guard usesPostgres else { return }
+        let cluster = PostgresTestCluster()
+        cluster.start()
+        postgres = cluster
+    }
+
+    override class func tearDown() {
+        postgres?.stop()
+        postgres = nil
+        super.tearDown()
+    }
 
     override func setUpWithError() throws {
         var template = Array("/tmp/jobserver-store-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { throw StoreError(.io, "mkdtemp failed") }
         folder = String(cString: made)
+        // A durability test's child process runs the SQLite class's child test, which opens what it is given.
+        guard Self.usesPostgres, ProcessInfo.processInfo.environment["JOBSERVER_STORE_CHILD_DB"] == nil else { return }
+        guard let postgres = Self.postgres else { throw StoreError(.open, "the PostgreSQL cluster was not started") }
+        databaseURL = try postgres.freshDatabase()
     }
 
     override func tearDown() {
@@ -30,6 +55,7 @@ class StoreTestCase: XCTestCase, @unchecked Sendable {
             for p in argv { free(p) }
         }
         folder = ""
+        databaseURL = ""
     }
 
     var dbPath: String { folder + "/data/jobs.sqlite" }
@@ -38,10 +64,10 @@ class StoreTestCase: XCTestCase, @unchecked Sendable {
         try SQLiteJobStore(path: path ?? dbPath)
     }
 
-    /// The store the store-agnostic tests run on: SQLite at `dbPath` here; `PostgresStoreTests` overrides it
-    /// (every store made within one test opens the same database).
+    /// The store the store-agnostic tests run on: SQLite at `dbPath`, or the test's database on PostgreSQL (every
+    /// store made within one test opens the same database).
     func makeStore() throws -> JobStore {
-        try openStore()
+        Self.usesPostgres ? try PostgresJobStore(url: databaseURL) : try openStore()
     }
 
     /// A job id that sorts by `n`, like the server's time-ordered ids.

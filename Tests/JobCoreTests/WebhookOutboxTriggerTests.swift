@@ -114,32 +114,7 @@ class WebhookOutboxTriggerTests: StoreTestCase, @unchecked Sendable {  // @unche
 
 /// The PL/pgSQL triggers of `PostgresSchema`, by the same tests.
 final class PostgresWebhookOutboxTriggerTests: WebhookOutboxTriggerTests, @unchecked Sendable {  // as StoreTestCase
-    static let postgres = PostgresTestCluster()
-    var databaseURL = ""
-
-    override class func setUp() {
-        super.setUp()
-        postgres.start()
-    }
-
-    override class func tearDown() {
-        postgres.stop()
-        super.tearDown()
-    }
-
-    override func setUpWithError() throws {
-        try super.setUpWithError()
-        databaseURL = try Self.postgres.freshDatabase()
-    }
-
-    override func tearDown() {
-        databaseURL = ""
-        super.tearDown()
-    }
-
-    override func makeStore() throws -> JobStore {
-        try PostgresJobStore(url: databaseURL)
-    }
+    override class var usesPostgres: Bool { true }
 
     override var triggerParsesDeepJSON: Bool { true }
 
