@@ -185,19 +185,7 @@ public final class SQLiteJobStore: JobStore, @unchecked Sendable {
 
     /// Deletes settled jobs finished before `finishedBeforeMs`, 500 per transaction.
     public func sweep(finishedBeforeMs: Int64) throws -> Int {
-        // In chunks, each its own queued write, so a large sweep never holds up
-        // submissions for long.
-        let chunk = 500
-        var total = 0
-        while true {
-            let ticket = WriteTicket<Int>()
-            guard queue.push(.sweep(before: finishedBeforeMs, limit: chunk, ticket)) else {
-                throw StoreError(.closed, "store is closed")
-            }
-            let deleted = try ticket.wait()
-            total += deleted
-            if deleted < chunk { return total }
-        }
+        try queue.sweep(finishedBeforeMs: finishedBeforeMs)
     }
 
     /// Writes what is queued, stops the writer and closes every connection; calling it again does nothing.
@@ -658,6 +646,21 @@ final class WriteQueue: @unchecked Sendable {
         }
         if wakes { monitor.signal() }
         return true
+    }
+
+    /// Deletes settled jobs finished before `finishedBeforeMs` in chunks of `chunk`, each its own queued write, so
+    /// that a large sweep never holds up submissions for long; waits for each. The count deleted.
+    func sweep(finishedBeforeMs: Int64, chunk: Int = 500) throws -> Int {
+        var total = 0
+        while true {
+            let ticket = WriteTicket<Int>()
+            guard push(.sweep(before: finishedBeforeMs, limit: chunk, ticket)) else {
+                throw StoreError(.closed, "store is closed")
+            }
+            let deleted = try ticket.wait()
+            total += deleted
+            if deleted < chunk { return total }
+        }
     }
 
     /// Called on the writer's thread before its first `take`: if the thread may go to idle priority and back

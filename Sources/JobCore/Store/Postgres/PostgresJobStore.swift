@@ -173,17 +173,7 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
 
     /// Deletes settled jobs finished before `finishedBeforeMs`, 500 per transaction.
     public func sweep(finishedBeforeMs: Int64) throws -> Int {
-        let chunk = 500
-        var total = 0
-        while true {
-            let ticket = WriteTicket<Int>()
-            guard queue.push(.sweep(before: finishedBeforeMs, limit: chunk, ticket)) else {
-                throw StoreError(.closed, "store is closed")
-            }
-            let deleted = try ticket.wait()
-            total += deleted
-            if deleted < chunk { return total }
-        }
+        try queue.sweep(finishedBeforeMs: finishedBeforeMs)
     }
 
     public func expandMap(_ expansion: MapExpansionRecord, _ completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
