@@ -452,6 +452,20 @@ class EngineTests: EngineTestCase {
         XCTAssertEqual(stats["max_active"]?.intValue, 2)
     }
 
+    func testAListThatFiresEndsTheChildrenWaitingForASlotCancelledWithoutStartingThem() throws {
+        let engine = try makeEngine()
+        let waiting = (1...4).map { _ in #"{"type":"fetch","url":\#(u("/delay/150"))}"# }
+        let children = ([#"{"type":"fetch","url":\#(u("/json"))}"#] + waiting).joined(separator: ",")
+        let (job, nodes) = try run(
+            engine, #"{"type":"list","concurrency":1,"fire_on_first_result":true,"children":[\#(children)]}"#)
+        XCTAssertEqual(job.state, .succeeded)
+        XCTAssertEqual(nodes["root.0"]?.state, .succeeded)
+        for k in 1...4 {
+            XCTAssertEqual(nodes["root.\(k)"]?.state, .cancelled, "root.\(k)")
+            XCTAssertEqual(nodes["root.\(k)"]?.attempts, 0, "root.\(k) never started")
+        }
+    }
+
     func testPerHostLimitBoundsTransfersAcrossJobs() throws {
         let engine = try makeEngine { $0.maxPerHost = 3 }
         let children = (0..<8).map { _ in #"{"type":"fetch","url":\#(u("/delay/100"))}"# }.joined(separator: ",")

@@ -270,58 +270,19 @@ final class MapRunner {
 /// A map's copies without a `concurrency` bound, started a chunk per turn of the engine's queue: the fetch
 /// queue runs between chunks, so the first copies' transfers begin without waiting for thousands of copies to
 /// start. Until started, a copy stands in the list as a placeholder, as in a list with `concurrency`.
-final class StaggeredStart: @unchecked Sendable {
+final class StaggeredStart: StandIns, @unchecked Sendable {
     // @unchecked: like the run's, every property is read and changed only on the engine's `queue`: it is made
     // there, and the one `@Sendable` closure that holds it (the next chunk's) runs on that queue too.
     static let chunk = 256
-    unowned let run: JobRun
-    let children: [Int]
-    private(set) var placeholders: [Deferred] = []
-    private var started: [Int: Deferred] = [:]
-    private var next = 0
 
-    init(run: JobRun, children: [Int]) {
-        self.run = run
-        self.children = children
-        placeholders = children.indices.map { k in
-            Deferred(canceller: forwardingCanceller(to: self) { $0.cancelChild(k, $1) })
-        }
-        for (k, child) in children.enumerated() { run.deferreds[child] = placeholders[k] }
+    override init(run: JobRun, children: [Int]) {
+        super.init(run: run, children: children)
         startChunk()
-    }
-
-    private func cancelChild(_ k: Int, _ placeholder: Deferred) {
-        if let child = started[k] {
-            child.cancel()
-        } else if k >= next {
-            run.deferreds[children[k]] = nil
-            run.endUnstarted(children[k], as: .cancelled)
-        }
-        if !placeholder.isCalled { _ = try? placeholder.takeError(Failure.cancellation()) }
     }
 
     private func startChunk() {
         let end = min(children.count, next + StaggeredStart.chunk)
-        while next < end {
-            let k = next
-            next += 1
-            let placeholder = placeholders[k]
-            if placeholder.isCalled { continue }  // cancelled before it started
-            run.deferreds[children[k]] = nil
-            let child = run.start(children[k])
-            started[k] = child
-            child.both { [self] result in
-                self.started[k] = nil
-                if !placeholder.isCalled {
-                    if let failure = Failure.from(result) {
-                        _ = try? placeholder.takeError(failure)
-                    } else {
-                        _ = try? placeholder.takeResult(result)
-                    }
-                }
-                return result
-            }
-        }
+        while next < end { startNext() }
         guard next < children.count else { return }
         // Holds itself until every copy has started, even once the map has settled (`cancel_remaining: false`).
         // The run is looked at through a weak reference: a job deleted meanwhile is gone (and stopped first).

@@ -503,66 +503,97 @@ func forwardingCanceller<Owner: AnyObject>(
     }
 }
 
-/// A list with `concurrency`: children wait behind stand-in Deferreds until a slot frees.
-final class ListWindow {
+/// Children that stand in their list as placeholder Deferreds until they are started, in order, by a subclass
+/// (`ListWindow`, `StaggeredStart`): a placeholder takes its child's result once the child settles, and
+/// cancelling it cancels the child, or ends a child not yet started as cancelled. Used on the engine's queue.
+class StandIns {
     unowned let run: JobRun
     let children: [Int]
-    let limit: Int
-    var placeholders: [Deferred] = []
-    var started: [Int: Deferred] = [:]
-    var next = 0
-    var running = 0
-    var pumping = false
+    private(set) var placeholders: [Deferred] = []
+    private var started: [Int: Deferred] = [:]
+    /// The next child to start.
+    private(set) var next = 0
 
-    init(run: JobRun, children: [Int], limit: Int) {
+    init(run: JobRun, children: [Int]) {
         self.run = run
         self.children = children
-        self.limit = limit
         placeholders = children.indices.map { k in
             Deferred(canceller: forwardingCanceller(to: self) { $0.cancelChild(k, $1) })
         }
-        // The placeholders keep the window alive until the list is done with them.
+        // A started child's callback holds its stand-ins until it settles.
         for (k, child) in children.enumerated() { run.deferreds[child] = placeholders[k] }
-        pump()
     }
 
     private func cancelChild(_ k: Int, _ placeholder: Deferred) {
         if let child = started[k] {
             child.cancel()
-        } else {
+        } else if k >= next {
             run.deferreds[children[k]] = nil
             run.endUnstarted(children[k], as: .cancelled)
         }
         if !placeholder.isCalled { _ = try? placeholder.takeError(Failure.cancellation()) }
     }
 
+    /// Starts the next child, unless its placeholder was cancelled before (then it is passed over); calls
+    /// `childStarting` first, and once it settled (at once, if it settles as it starts) `childSettling`, then its
+    /// placeholder takes its result, then `childSettled`.
+    func startNext() {
+        let k = next
+        next += 1
+        let placeholder = placeholders[k]
+        if placeholder.isCalled { return }  // cancelled before it started
+        childStarting()
+        run.deferreds[children[k]] = nil
+        let child = run.start(children[k])
+        started[k] = child
+        child.both { [self] result in
+            self.childSettling()
+            self.started[k] = nil
+            if !placeholder.isCalled {
+                if let failure = Failure.from(result) {
+                    _ = try? placeholder.takeError(failure)
+                } else {
+                    _ = try? placeholder.takeResult(result)
+                }
+            }
+            self.childSettled()
+            return result
+        }
+    }
+
+    /// Before a child starts.
+    func childStarting() {}
+
+    /// When a child settled, before its placeholder takes its result.
+    func childSettling() {}
+
+    /// After a child settled and its placeholder took its result.
+    func childSettled() {}
+}
+
+/// A list with `concurrency`: children wait behind their stand-ins until a slot frees.
+final class ListWindow: StandIns {
+    let limit: Int
+    private var running = 0
+    private var pumping = false
+
+    init(run: JobRun, children: [Int], limit: Int) {
+        self.limit = limit
+        super.init(run: run, children: children)
+        pump()
+    }
+
+    override func childStarting() { running += 1 }
+
+    override func childSettling() { running -= 1 }
+
+    override func childSettled() { pump() }
+
     private func pump() {
         guard !pumping else { return }
         pumping = true
         defer { pumping = false }
-        while running < limit, next < children.count {
-            let k = next
-            next += 1
-            let placeholder = placeholders[k]
-            if placeholder.isCalled { continue }  // cancelled before it started
-            running += 1
-            run.deferreds[children[k]] = nil
-            let child = run.start(children[k])
-            started[k] = child
-            child.both { [self] result in
-                self.running -= 1
-                self.started[k] = nil
-                if !placeholder.isCalled {
-                    if let failure = Failure.from(result) {
-                        _ = try? placeholder.takeError(failure)
-                    } else {
-                        _ = try? placeholder.takeResult(result)
-                    }
-                }
-                self.pump()
-                return result
-            }
-        }
+        while running < limit, next < children.count { startNext() }
     }
 }
 
