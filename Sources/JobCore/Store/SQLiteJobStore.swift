@@ -1277,61 +1277,30 @@ final class StoreWriter: StoreWriting, @unchecked Sendable {
 
 // MARK: - Reader connections
 
-/// Idle reader connections, handed to one thread at a time.
-final class ReaderPool: @unchecked Sendable {
-    // @unchecked: `idle` and `closed` are read and written only with `monitor` held; a connection taken from `idle`
-    // belongs to the one thread that took it until it is given back.
-    private let path: String
-    private let monitor = StoreMonitor()
-    private var idle: [SQLiteConnection] = []
-    private var closed = false
-    /// Connections kept open when idle; more may exist while many threads read at once.
-    private let keep = 8
+/// The reader connections, each read-only (`query_only`) and handed to one thread at a time.
+final class ReaderPool: Sendable {
+    private let connections: IdleConnections<SQLiteConnection>
 
-    init(path: String) { self.path = path }
+    init(path: String) {
+        connections = IdleConnections(
+            open: {
+                let connection = try SQLiteConnection(path: path, create: false)
+                try connection.execute("PRAGMA query_only = ON")
+                return connection
+            },
+            close: { $0.close() })
+    }
 
     func with<T>(_ body: (SQLiteConnection) throws -> T) throws -> T {
-        let connection = try borrow()
-        defer { giveBack(connection) }
+        let connection = try connections.borrow()
+        defer {
+            if connection.inTransaction { try? connection.execute("ROLLBACK") }
+            connections.giveBack(connection)
+        }
         return try body(connection)
     }
 
-    func close() {
-        monitor.lock()
-        closed = true
-        let connections = idle
-        idle = []
-        monitor.unlock()
-        for connection in connections { connection.close() }
-    }
-
-    private func borrow() throws -> SQLiteConnection {
-        monitor.lock()
-        if closed {
-            monitor.unlock()
-            throw StoreError(.closed, "store is closed")
-        }
-        if let connection = idle.popLast() {
-            monitor.unlock()
-            return connection
-        }
-        monitor.unlock()
-        let connection = try SQLiteConnection(path: path, create: false)
-        try connection.execute("PRAGMA query_only = ON")
-        return connection
-    }
-
-    private func giveBack(_ connection: SQLiteConnection) {
-        if connection.inTransaction { try? connection.execute("ROLLBACK") }
-        monitor.lock()
-        if !closed && idle.count < keep {
-            idle.append(connection)
-            monitor.unlock()
-            return
-        }
-        monitor.unlock()
-        connection.close()
-    }
+    func close() { connections.close() }
 }
 
 // MARK: - Rows

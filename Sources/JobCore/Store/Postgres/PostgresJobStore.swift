@@ -540,22 +540,28 @@ public final class PostgresJobStore: SharedJobStore, @unchecked Sendable {
 
 // MARK: - Reader connections
 
-/// Idle reader connections, handed to one thread at a time.
-final class PostgresReaderPool: @unchecked Sendable {
-    // @unchecked: `idle` and `closed` are touched only under `monitor`; a borrowed connection belongs to its borrower.
-    private let url: String
-    private let monitor = StoreMonitor()
-    private var idle: [PostgresConnection] = []
-    private var closed = false
-    /// Connections kept open when idle; more may exist while many threads read at once.
-    private let keep = 8
+/// The reader connections, each handed to one thread at a time.
+final class PostgresReaderPool: Sendable {
+    private let connections: IdleConnections<PostgresConnection>
 
-    init(url: String) { self.url = url }
+    init(url: String) {
+        connections = IdleConnections(
+            open: {
+                do {
+                    return try PostgresConnection(url: url)
+                } catch let error as StoreError {
+                    // Reads of an unreachable server are a resource failure (503), as the writer's are.
+                    throw StoreError(.unavailable, error.message)
+                }
+            },
+            close: { $0.close() })
+    }
 
+    /// `body` on a borrowed connection; one that lost the server is closed rather than kept.
     func with<T>(_ body: (PostgresConnection) throws -> T) throws -> T {
-        let connection = try borrow()
+        let connection = try connections.borrow()
         var healthy = true
-        defer { giveBack(connection, healthy: healthy) }
+        defer { connections.giveBack(connection, reusable: healthy) }
         do {
             return try body(connection)
         } catch let error as StoreError {
@@ -569,44 +575,7 @@ final class PostgresReaderPool: @unchecked Sendable {
         try with { db in try db.inReadSnapshot { try body(db) } }
     }
 
-    func close() {
-        monitor.lock()
-        closed = true
-        let connections = idle
-        idle = []
-        monitor.unlock()
-        for connection in connections { connection.close() }
-    }
-
-    private func borrow() throws -> PostgresConnection {
-        monitor.lock()
-        if closed {
-            monitor.unlock()
-            throw StoreError(.closed, "store is closed")
-        }
-        if let connection = idle.popLast() {
-            monitor.unlock()
-            return connection
-        }
-        monitor.unlock()
-        do {
-            return try PostgresConnection(url: url)
-        } catch let error as StoreError {
-            // Reads of an unreachable server are a resource failure (503), as the writer's are.
-            throw StoreError(.unavailable, error.message)
-        }
-    }
-
-    private func giveBack(_ connection: PostgresConnection, healthy: Bool) {
-        monitor.lock()
-        if healthy && !closed && idle.count < keep {
-            idle.append(connection)
-            monitor.unlock()
-            return
-        }
-        monitor.unlock()
-        connection.close()
-    }
+    func close() { connections.close() }
 }
 
 extension PostgresJobStore: SharedKeyAdmission {
