@@ -218,24 +218,8 @@ final class MapRunner {
                 }
             }
         }
-        let list = DeferredList(children, fireOnFirstResult: options.fireOnFirstResult, fireOnFirstError: options.fireOnFirstError)
-        list.cancelDeferredsWhenCancelled()
+        let list = run.combine(roots, children, options: options, id: mapID, noun: "copies")
         self.list = list
-        let mapID = self.mapID
-        list.then { [unowned run] result in
-            guard let entries = result as? [Any?] else { return result }  // the first copy's result
-            if options.fireOnFirstResult {
-                let errors = zip(roots, entries).map { run.childError($1, child: $0) }
-                return Failure(NodeError(.allFailed, "all \(roots.count) copies of \(mapID) failed", node: mapID, errors: errors))
-            }
-            return JSONValue.array(zip(roots, entries).map { run.entry($1, child: $0, consumeErrors: options.consumeErrors) })
-        }
-        if options.cancelRemaining, options.fireOnFirstResult || options.fireOnFirstError {
-            list.both { [weak self] result in
-                self?.cancelRemaining()
-                return result
-            }
-        }
         list.both { [weak self] result in
             if let self, !self.deferred.isCalled {
                 if let failure = Failure.from(result) {
@@ -257,13 +241,7 @@ final class MapRunner {
                 .tooManyFailures,
                 "\(failures.count) copies of map \(mapID) failed, more than its tolerated_failures of \(tolerated)",
                 node: mapID, errors: failures))
-        if spec.options.cancelRemaining { cancelRemaining() }
-    }
-
-    /// Cancels the copies still running or waiting, as a list does once it fired early.
-    private func cancelRemaining() {
-        guard !run.stopping else { return }
-        for (k, root) in roots.enumerated() where !run.nodes[root].state.isSettled { children[k].cancel() }
+        if spec.options.cancelRemaining { run.cancelUnsettled(roots, children) }
     }
 }
 

@@ -298,30 +298,39 @@ final class JobRun: @unchecked Sendable {
         } else {
             childDeferreds = startEach(children)
         }
+        return combine(children, childDeferreds, options: options, id: graph.nodes[i].id, noun: "children")
+    }
+
+    /// The `DeferredList` of `childDeferreds`, which stand for nodes `children` (a list's, or a map's copies): its
+    /// result is their entries, or with `fire_on_first_result` the first result, or if none came the error that
+    /// all `noun` of node `id` failed. With `cancel_remaining`, once it fired early it cancels those not settled.
+    func combine(_ children: [Int], _ childDeferreds: [Deferred], options: ListOptions, id: String, noun: String) -> Deferred {
         let list = DeferredList(
             childDeferreds, fireOnFirstResult: options.fireOnFirstResult, fireOnFirstError: options.fireOnFirstError)
         list.cancelDeferredsWhenCancelled()
-        let listID = graph.nodes[i].id
         list.then { [unowned self] result in
             guard let entries = result as? [Any?] else { return result }  // the first child's result
             if options.fireOnFirstResult {
                 // No child succeeded: every entry is a failure.
                 let errors = zip(children, entries).map { self.childError($1, child: $0) }
-                return Failure(NodeError(.allFailed, "all \(children.count) children of \(listID) failed", node: listID, errors: errors))
+                return Failure(NodeError(.allFailed, "all \(children.count) \(noun) of \(id) failed", node: id, errors: errors))
             }
             return JSONValue.array(zip(children, entries).map { self.entry($1, child: $0, consumeErrors: options.consumeErrors) })
         }
         if options.cancelRemaining, options.fireOnFirstResult || options.fireOnFirstError {
             list.both { [unowned self] result in
-                if !self.stopping {
-                    for (k, child) in children.enumerated() where !self.nodes[child].state.isSettled {
-                        childDeferreds[k].cancel()
-                    }
-                }
+                self.cancelUnsettled(children, childDeferreds)
                 return result
             }
         }
         return list
+    }
+
+    /// Cancels those of `childDeferreds` whose node in `children` has not settled: the rest of a list that fired
+    /// early, or of a map's copies.
+    func cancelUnsettled(_ children: [Int], _ childDeferreds: [Deferred]) {
+        guard !stopping else { return }
+        for (k, child) in children.enumerated() where !nodes[child].state.isSettled { childDeferreds[k].cancel() }
     }
 
     /// A child's place in a results array: its result, or `{"error": …}` (`null` when errors are consumed).
