@@ -130,7 +130,12 @@ public final class PostgresConnection {
 
     /// Runs `body` in a transaction: committed if it returns, rolled back if it throws.
     public func transaction<T>(_ body: () throws -> T) throws -> T {
-        try execute("BEGIN")
+        try transaction(beginning: "BEGIN", body)
+    }
+
+    /// Runs `body` in the transaction that `begin` starts: committed if it returns, rolled back if it throws.
+    func transaction<T>(beginning begin: String, _ body: () throws -> T) throws -> T {
+        try execute(begin)
         do {
             let value = try body()
             try execute("COMMIT")
@@ -319,14 +324,6 @@ extension PostgresRows {
 extension PostgresConnection {
     /// Runs `body` in a `REPEATABLE READ READ ONLY` transaction: every read in it sees one snapshot.
     func inReadSnapshot<T>(_ body: () throws -> T) throws -> T {
-        try execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        do {
-            let value = try body()
-            try execute("COMMIT")
-            return value
-        } catch {
-            _ = try? execute("ROLLBACK")
-            throw error
-        }
+        try transaction(beginning: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
     }
 }
