@@ -3,27 +3,6 @@ import XCTest
 
 /// API.md §6.2–6.3 at submit: where expressions may stand, what they may read, and the 422 for each refusal.
 final class ExpressionParsingTests: XCTestCase {
-    private func parse(_ body: String, file: StaticString = #filePath, line: UInt = #line) throws -> JobSpec {
-        do {
-            return try JobSpec.parse(try JSONValue.parse(body))
-        } catch let error as ValidationError {
-            XCTFail("refused \(body): \(error)", file: file, line: line)
-            throw error
-        }
-    }
-
-    private func issues(_ body: String, file: StaticString = #filePath, line: UInt = #line) -> [ValidationIssue] {
-        do {
-            _ = try JobSpec.parse(try JSONValue.parse(body))
-            XCTFail("accepted: \(body)", file: file, line: line)
-        } catch let error as ValidationError {
-            return error.issues
-        } catch {
-            XCTFail("unexpected \(error)", file: file, line: line)
-        }
-        return []
-    }
-
     /// `sequence [ a, b ]` with `b`'s fields given.
     private func readingB(_ fields: String) -> String {
         #"{"graph": {"type": "sequence", "children": [{"id": "a", "type": "fetch", "url": "http://h/a"}, "#
@@ -65,7 +44,7 @@ final class ExpressionParsingTests: XCTestCase {
     // MARK: - Accepted forms
 
     func testLoginExampleOfTheContractIsAccepted() throws {
-        let spec = try parse(
+        let spec = try acceptedSpec(
             #"""
             {"input": {"user": "ann"},
              "graph": {"type": "sequence", "children": [
@@ -89,7 +68,7 @@ final class ExpressionParsingTests: XCTestCase {
     }
 
     func testConstantsAreFoldedAndCheckedLikeWrittenValues() throws {
-        let spec = try parse(
+        let spec = try acceptedSpec(
             #"{"graph": {"type": "fetch", "url": {"$concat": ["http://h/", "x"]}, "headers": {"X": {"$literal": "v"}}, "#
                 + #""json": {"$literal": {"$ref": "kept as is"}}, "recover": {"a": [{"$literal": 1}]}}}"#)
         let node = spec.graph.root
@@ -99,13 +78,13 @@ final class ExpressionParsingTests: XCTestCase {
         XCTAssertEqual(node.fetchRequest?.body, .json(.object(["$ref": "kept as is"])))
         XCTAssertEqual(node.recover, .object(["a": [1]]))
 
-        let found = issues(#"{"graph": {"type": "fetch", "url": {"$concat": ["ftp://h/", "x"]}}}"#)
+        let found = refusalIssues(#"{"graph": {"type": "fetch", "url": {"$concat": ["ftp://h/", "x"]}}}"#)
         XCTAssertEqual(found.map(\.pointer), ["/graph/url"])
         XCTAssertTrue(found.first?.message.contains("scheme must be http or https") == true)
     }
 
     func testQueryAndSelectAreRead() throws {
-        let spec = try parse(
+        let spec = try acceptedSpec(
             readingB(
                 #""url": "http://h/b", "query": {"q": "a b", "n": 1.50, "f": false, "id": {"$ref": "/nodes/a/status"}}, "#
                     + #""select": "/body/items""#))
@@ -115,13 +94,13 @@ final class ExpressionParsingTests: XCTestCase {
         XCTAssertEqual(b.query[2].value, StringTemplate([.text("false")]))
         XCTAssertEqual(b.select?.text, "/body/items")
         // A list may select too.
-        let list = try parse(#"{"graph": {"type": "list", "select": "/0", "children": [{"type": "fetch", "url": "http://h/"}]}}"#)
+        let list = try acceptedSpec(#"{"graph": {"type": "list", "select": "/0", "children": [{"type": "fetch", "url": "http://h/"}]}}"#)
         XCTAssertEqual(list.graph.root.dataflow?.select?.tokens, ["0"])
     }
 
     func testReadingEarlierChildrenAndTheirDescendantsIsAccepted() throws {
         // seq [ list(x, y) , seq [ fetch z, fetch w(reads x, y, z, input) ] ]
-        let spec = try parse(
+        let spec = try acceptedSpec(
             #"""
             {"input": 1, "graph": {"type": "sequence", "children": [
               {"id": "l", "type": "list", "children": [
@@ -197,7 +176,7 @@ final class ExpressionParsingTests: XCTestCase {
             (#"{"graph": {"type": "list", "children": \#(ref)}}"#, "/graph/children", "cannot stand here"),
         ]
         for (body, path, fragment) in table {
-            let found = issues(body)
+            let found = refusalIssues(body)
             XCTAssertEqual(found.first?.pointer, path, body)
             XCTAssertTrue(
                 found.first?.message.contains(fragment) == true, "\(body): \(found.first?.message ?? "none")")
@@ -206,8 +185,8 @@ final class ExpressionParsingTests: XCTestCase {
 
     func testInputOver64KiBIsRefused() throws {
         let fits = String(repeating: "x", count: 65_536 - 2)
-        _ = try parse(#"{"input": "\#(fits)", "graph": {"type": "fetch", "url": "http://h/"}}"#)
-        let found = issues(#"{"input": "\#(fits)x", "graph": {"type": "fetch", "url": "http://h/"}}"#)
+        _ = try acceptedSpec(#"{"input": "\#(fits)", "graph": {"type": "fetch", "url": "http://h/"}}"#)
+        let found = refusalIssues(#"{"input": "\#(fits)x", "graph": {"type": "fetch", "url": "http://h/"}}"#)
         XCTAssertEqual(found.map(\.pointer), ["/input"])
         XCTAssertTrue(found[0].message.contains("64 KiB"))
     }
@@ -234,17 +213,17 @@ final class ExpressionParsingTests: XCTestCase {
             ("/nodes/nope/result", #"reads node "nope", which is not a node of this job"#),
         ]
         for (pointer, message) in table {
-            let found = issues(body(pointer))
+            let found = refusalIssues(body(pointer))
             XCTAssertEqual(found.map(\.pointer), [path], pointer)
             XCTAssertTrue(found.first?.message.contains(message) == true, "\(pointer): \(found.first?.message ?? "")")
         }
         // recover is read like the rest: its own node is refused there too.
-        XCTAssertEqual(issues(body("/nodes/q/error", in: "recover")).map(\.pointer), ["/graph/children/1/children/1/recover"])
+        XCTAssertEqual(refusalIssues(body("/nodes/q/error", in: "recover")).map(\.pointer), ["/graph/children/1/children/1/recover"])
         // The earlier child is fine.
         XCTAssertNoThrow(try JobSpec.parse(try JSONValue.parse(body("/nodes/a/result"))))
 
         // A descendant of the reader.
-        let parent = issues(
+        let parent = refusalIssues(
             #"{"graph": {"id": "top", "type": "list", "recover": {"$ref": "/nodes/kid/error"}, "children": [{"id": "kid", "type": "fetch", "url": "http://h/"}]}}"#
         )
         XCTAssertEqual(parent.map(\.pointer), ["/graph/recover"])
@@ -252,14 +231,14 @@ final class ExpressionParsingTests: XCTestCase {
     }
 
     func testEveryBadReferenceIsReportedInDocumentOrder() {
-        let found = issues(
+        let found = refusalIssues(
             readingB(
                 #""url": {"$concat": ["http://h/", {"$ref": "/nodes/b/x"}]}, "headers": {"A": {"$ref": "/nodes/zz"}}, "#
                     + #""json": {"$ref": "/item"}"#))
         XCTAssertEqual(
             found.map(\.pointer), ["/graph/children/1/json"],
             "syntax problems come first; the order check runs on a graph that is otherwise valid")
-        let ordered = issues(
+        let ordered = refusalIssues(
             readingB(#""url": {"$concat": ["http://h/", {"$ref": "/nodes/b/x"}]}, "headers": {"A": {"$ref": "/nodes/zz"}}"#))
         XCTAssertEqual(ordered.map(\.pointer), ["/graph/children/1/url/$concat/1", "/graph/children/1/headers/A"])
     }
@@ -291,8 +270,8 @@ final class ExpressionParsingTests: XCTestCase {
             readingB(#""url": "http://h/b", "json": "# + String(repeating: "[", count: levels)
                 + #"{"$ref": "/nodes/a/status"}"# + String(repeating: "]", count: levels))
         }
-        XCTAssertNoThrow(try parse(body(127)))
-        let refused = issues(body(129))
+        XCTAssertNoThrow(try acceptedSpec(body(127)))
+        let refused = refusalIssues(body(129))
         XCTAssertEqual(refused.map(\.pointer), ["/graph/children/1/json"])
         XCTAssertTrue(refused.first?.message.contains("at most 128 levels") == true, "\(refused)")
     }

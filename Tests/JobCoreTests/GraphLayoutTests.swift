@@ -2,21 +2,12 @@ import XCTest
 @testable import JobCore
 
 final class GraphLayoutTests: XCTestCase {
-    private func spec(_ body: String, file: StaticString = #filePath, line: UInt = #line) throws -> JobSpec {
-        do {
-            return try JobSpec.parse(try JSONValue.parse(body))
-        } catch let error as ValidationError {
-            XCTFail("refused \(body): \(error)", file: file, line: line)
-            throw error
-        }
-    }
-
     private func graph(_ graph: String, file: StaticString = #filePath, line: UInt = #line) throws -> JobGraph {
-        try spec(#"{"graph":\#(graph)}"#, file: file, line: line).graph
+        try acceptedSpec(#"{"graph":\#(graph)}"#, file: file, line: line).graph
     }
 
     func testApiExampleParsesWithItsValues() throws {
-        let spec = try spec(
+        let spec = try acceptedSpec(
             #"""
             {"name":"profile-and-messages","graph":{"type":"list","fire_on_first_error":true,"children":[
               {"id":"profile","type":"fetch","url":"http://api.local/profile"},
@@ -97,7 +88,7 @@ final class GraphLayoutTests: XCTestCase {
             XCTAssertNil(node.timeoutMs)
             XCTAssertNil(node.recover)
         }
-        let bare = try spec(#"{"graph":{"type":"fetch","url":"http://a/"}}"#)
+        let bare = try acceptedSpec(#"{"graph":{"type":"fetch","url":"http://a/"}}"#)
         XCTAssertNil(bare.name)
         XCTAssertNil(bare.deadlineMs)
         XCTAssertNil(bare.metadata)

@@ -13,32 +13,6 @@ final class GraphValidationTests: XCTestCase {
 
     private static let leaf = #"{"type":"fetch","url":"http://api.local/x"}"#
 
-    /// The issues for a body given as JSON text; fails the test if the body is accepted.
-    private func issues(
-        _ body: String, limits: GraphLimits = GraphLimits(), file: StaticString = #filePath, line: UInt = #line
-    ) -> [ValidationIssue] {
-        do {
-            let value = try JSONValue.parse(body)
-            _ = try JobSpec.parse(value, limits: limits)
-            XCTFail("accepted: \(body)", file: file, line: line)
-        } catch let error as ValidationError {
-            XCTAssertFalse(error.issues.isEmpty, file: file, line: line)
-            return error.issues
-        } catch {
-            XCTFail("unexpected error \(error) for \(body)", file: file, line: line)
-        }
-        return []
-    }
-
-    private func spec(_ body: String, file: StaticString = #filePath, line: UInt = #line) throws -> JobSpec {
-        do {
-            return try JobSpec.parse(try JSONValue.parse(body))
-        } catch let error as ValidationError {
-            XCTFail("refused \(body): \(error)", file: file, line: line)
-            throw error
-        }
-    }
-
     // MARK: - The table of bad graphs
 
     func testEachBadGraphIsRefusedWithThePointerOfItsFirstProblem() {
@@ -182,10 +156,10 @@ final class GraphValidationTests: XCTestCase {
             let url = field == .url ? "" : #""url":"http://api.local/x","#
             let body = #"{"graph":{"type":"fetch",\#(url)"\#(field.rawValue)":{"no":[]}}}"#
             if field == .json {
-                XCTAssertEqual(try spec(body).graph.nodes.first?.fetchRequest?.body, .json(.object([JSONMember("no", .array([]))])))
+                XCTAssertEqual(try acceptedSpec(body).graph.nodes.first?.fetchRequest?.body, .json(.object([JSONMember("no", .array([]))])))
                 continue
             }
-            let found = issues(body)
+            let found = refusalIssues(body)
             XCTAssertFalse(found.isEmpty, field.rawValue)
             XCTAssertTrue(found.allSatisfy { $0.pointer.hasPrefix("/graph/\(field.rawValue)") }, "\(field.rawValue): \(found)")
             XCTAssertFalse(found.contains { $0.message.contains("unknown field") }, "\(field.rawValue): \(found)")
@@ -198,7 +172,7 @@ final class GraphValidationTests: XCTestCase {
 
     func testNameOfExactly200CharactersIsAccepted() throws {
         let name = String(repeating: "é", count: 200)
-        let spec = try spec(#"{"name":"\#(name)","graph":\#(Self.leaf)}"#)
+        let spec = try acceptedSpec(#"{"name":"\#(name)","graph":\#(Self.leaf)}"#)
         XCTAssertEqual(spec.name, name)
     }
 
@@ -215,7 +189,7 @@ final class GraphValidationTests: XCTestCase {
              "deadline_ms": 1.5,
              "extra": {}}
             """#
-        let found = issues(body)
+        let found = refusalIssues(body)
         XCTAssertEqual(
             found.map(\.pointer),
             [
@@ -229,13 +203,13 @@ final class GraphValidationTests: XCTestCase {
     }
 
     func testNodeWithInvalidTypeStillHasItsChildrenChecked() {
-        let found = issues(#"{"graph":{"type":"lsit","bogus":1,"children":[{"type":"fetch"}]}}"#)
+        let found = refusalIssues(#"{"graph":{"type":"lsit","bogus":1,"children":[{"type":"fetch"}]}}"#)
         XCTAssertEqual(found.map(\.pointer), ["/graph/type", "/graph/bogus", "/graph/children/0/url"], "\(found)")
     }
 
     func testIssuesStopAfterAHundredAndTheLastSaysSo() {
         let children = Array(repeating: #"{"type":"fetch","url":"ftp://x/"}"#, count: 150).joined(separator: ",")
-        let found = issues(#"{"graph":{"type":"list","children":[\#(children)]}}"#)
+        let found = refusalIssues(#"{"graph":{"type":"list","children":[\#(children)]}}"#)
         XCTAssertEqual(found.count, 101)
         XCTAssertEqual(found[99].pointer, "/graph/children/99/url")
         XCTAssertEqual(found[100].pointer, "/graph/children/100/url")
@@ -253,13 +227,13 @@ final class GraphValidationTests: XCTestCase {
 
     func testRefusedIdCausesNoFalseDuplicate() {
         let body = #"{"graph":{"type":"list","children":[{"id":"root.1","type":"fetch","url":"http://a/"},{"id":"bad id","type":"fetch","url":"http://a/"}]}}"#
-        XCTAssertEqual(issues(body).map(\.pointer), ["/graph/children/1/id"])
+        XCTAssertEqual(refusalIssues(body).map(\.pointer), ["/graph/children/1/id"])
     }
 
     func testEveryDuplicateIdIsReportedAtItsLaterOccurrence() {
         let leaf = #""type":"fetch","url":"http://a/""#
         let body = #"{"graph":{"type":"sequence","children":[{"id":"a",\#(leaf)},{"id":"a",\#(leaf)},{"id":"a",\#(leaf)}]}}"#
-        let found = issues(body)
+        let found = refusalIssues(body)
         XCTAssertEqual(found.map(\.pointer), ["/graph/children/1/id", "/graph/children/2/id"])
         XCTAssertTrue(found.allSatisfy { $0.message.contains("/graph/children/0") }, "\(found)")
     }
@@ -283,7 +257,7 @@ final class GraphValidationTests: XCTestCase {
             (#"http://a/\t"#, "white space"), (#"http://a/\u007f"#, "control"),
         ]
         for (url, fragment) in table {
-            let found = issues(#"{"graph":{"type":"fetch","url":"\#(url)"}}"#)
+            let found = refusalIssues(#"{"graph":{"type":"fetch","url":"\#(url)"}}"#)
             XCTAssertEqual(found.first?.pointer, "/graph/url", url)
             XCTAssertTrue(found.first?.message.contains(fragment) == true, "\(url): \(found)")
         }

@@ -10,18 +10,6 @@ import XCTest
 final class MapValidationTests: XCTestCase {
     private static let leaf = #""type": "fetch", "url": "http://h/x""#
 
-    private func issues(_ body: String, file: StaticString = #filePath, line: UInt = #line) -> [ValidationIssue] {
-        do {
-            _ = try JobSpec.parse(try JSONValue.parse(body))
-            XCTFail("accepted: \(body)", file: file, line: line)
-        } catch let error as ValidationError {
-            return error.issues
-        } catch {
-            XCTFail("unexpected error \(error) for \(body)", file: file, line: line)
-        }
-        return []
-    }
-
     func testEachRefusalHasThePointerOfItsFirstProblem() {
         let leaf = Self.leaf
         let table: [(String, String, String)] = [
@@ -62,7 +50,7 @@ final class MapValidationTests: XCTestCase {
              "/graph/children/0/items", "comes after"),
         ]
         for (body, path, fragment) in table {
-            let found = issues(body)
+            let found = refusalIssues(body)
             XCTAssertEqual(found.first?.pointer, path, body)
             XCTAssertTrue(found.first?.message.contains(fragment) == true, "\(body): \(found.first?.message ?? "none")")
         }

@@ -9,27 +9,13 @@ final class PaginateParsingTests: XCTestCase {
     private func spec(_ paginate: String, _ extra: String = "", file: StaticString = #filePath, line: UInt = #line)
         throws -> PaginateSpec?
     {
-        let body = #"{"graph": {\#(url), \#(extra)"paginate": \#(paginate)}}"#
-        do {
-            return try JobSpec.parse(try JSONValue.parse(body)).graph.root.dataflow?.paginate
-        } catch let error as ValidationError {
-            XCTFail("refused \(body): \(error)", file: file, line: line)
-            throw error
-        }
+        try acceptedSpec(#"{"graph": {\#(url), \#(extra)"paginate": \#(paginate)}}"#, file: file, line: line)
+            .graph.root.dataflow?.paginate
     }
 
     /// The issues of a refused body, as (pointer, message).
     private func refusal(_ graphFields: String, file: StaticString = #filePath, line: UInt = #line) -> [ValidationIssue] {
-        let body = #"{"graph": {\#(graphFields)}}"#
-        do {
-            _ = try JobSpec.parse(try JSONValue.parse(body))
-            XCTFail("accepted: \(body)", file: file, line: line)
-        } catch let error as ValidationError {
-            return error.issues
-        } catch {
-            XCTFail("unexpected \(error)", file: file, line: line)
-        }
-        return []
+        refusalIssues(#"{"graph": {\#(graphFields)}}"#, file: file, line: line)
     }
 
     func testEveryNextKindWithItsDefaults() throws {
