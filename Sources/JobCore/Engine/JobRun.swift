@@ -529,7 +529,8 @@ class StandIns {
         placeholders = children.indices.map { k in
             Deferred(canceller: forwardingCanceller(to: self) { $0.cancelChild(k, $1) })
         }
-        // A started child's callback holds its stand-ins until it settles.
+        // The placeholders' cancellers hold these weakly: the owner keeps them (the run's `runners`, a map's runner),
+        // and so does each started child's callback until the child settles.
         for (k, child) in children.enumerated() { run.deferreds[child] = placeholders[k] }
     }
 

@@ -1285,7 +1285,12 @@ final class ReaderPool: Sendable {
         connections = IdleConnections(
             open: {
                 let connection = try SQLiteConnection(path: path, create: false)
-                try connection.execute("PRAGMA query_only = ON")
+                do {
+                    try connection.execute("PRAGMA query_only = ON")
+                } catch {
+                    connection.close()
+                    throw error
+                }
                 return connection
             },
             close: { $0.close() })
