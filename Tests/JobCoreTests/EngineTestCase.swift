@@ -23,11 +23,7 @@ class EngineTestCase: XCTestCase {
 
     override class func setUp() {
         upstream = try? Upstream.start()
-        if usesPostgres {
-            let cluster = PostgresTestCluster()
-            cluster.start()
-            postgres = cluster
-        }
+        postgres = PostgresTestCluster.started(if: usesPostgres)
     }
 
     override class func tearDown() {

@@ -16,6 +16,14 @@ final class PostgresTestCluster: @unchecked Sendable {
         do { cluster = try PostgresCluster.start() } catch { startFailure = error }
     }
 
+    /// A cluster started, for a test class that runs on PostgreSQL (`wanted`); nil for the others.
+    static func started(if wanted: Bool) -> PostgresTestCluster? {
+        guard wanted else { return nil }
+        let cluster = PostgresTestCluster()
+        cluster.start()
+        return cluster
+    }
+
     func stop() {
         cluster?.stop()
         cluster = nil

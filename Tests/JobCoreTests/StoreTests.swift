@@ -23,10 +23,7 @@ class StoreTestCase: XCTestCase, @unchecked Sendable {
 
     override class func setUp() {
         super.setUp()
-        guard usesPostgres else { return }
-        let cluster = PostgresTestCluster()
-        cluster.start()
-        postgres = cluster
+        postgres = PostgresTestCluster.started(if: usesPostgres)
     }
 
     override class func tearDown() {
