@@ -151,7 +151,7 @@ final class MapRunner {
     private(set) lazy var deferred = Deferred(canceller: forwardingCanceller(to: self) { $0.cancel($1) })
     /// The list over the copies, once they run.
     private var list: Deferred?
-    private var window: AnyObject?
+    private var window: StandIns?
     private var roots: [Int] = []
     private var children: [Deferred] = []
     private var failures: [NodeError] = []
@@ -197,16 +197,14 @@ final class MapRunner {
     func runCopies(_ roots: [Int]) {
         self.roots = roots
         let options = spec.options
-        let children: [Deferred]
+        let window: StandIns
         if let limit = options.concurrency, limit < roots.count {
-            let window = ListWindow(run: run, children: roots, limit: limit)
-            self.window = window
-            children = window.placeholders
+            window = ListWindow(run: run, children: roots, limit: limit)
         } else {
-            let starter = StaggeredStart(run: run, children: roots)
-            self.window = starter
-            children = starter.placeholders
+            window = StaggeredStart(run: run, children: roots)
         }
+        self.window = window
+        let children = window.placeholders
         self.children = children
         if let tolerated = spec.toleratedFailures {
             for (k, child) in children.enumerated() {
