@@ -147,7 +147,8 @@ paths:
         refused submission leaves a half-written job. A job of 1,000 nodes or
         more whose fetches only read (`GET` or `HEAD`, no `coalesce`, no
         `cache`, no `map`), sent without an idempotency key or a
-        `concurrency_key`, begins its fetches while its creation is written;
+        `concurrency_key`, begins its fetches while its creation is written
+        (on the SQLite store; on PostgreSQL, once it is written);
         its `201` still waits for that write, and should the write fail the
         job is dropped, its fetches having only read, and the answer is that
         `503`.
