@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 import Threads
 import XCTest
@@ -758,6 +759,41 @@ class SQLiteWALTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as St
         XCTAssertTrue(store.waitUntilWALCopied(milliseconds: 30_000), "the writer did not copy the WAL once idle")
         XCTAssertEqual(try fileSize(dbPath + "-wal"), 0, "the WAL past its limit is emptied")
         XCTAssertEqual(try store.body(jobID: job.id, nodeID: "root.16")?.bytes, bytes)
+    }
+
+    /// SQLite keeps no memory statistics, which would take a process-wide mutex around every allocation it makes.
+    func testSQLiteKeepsNoMemoryStatistics() throws {
+        let store = try openStore()
+        defer { store.close() }
+        let job = try create(store, 1, nodes: 50)
+        XCTAssertEqual(try store.nodes(jobID: job.id, includeResults: true).count, 50)
+        var current: sqlite3_int64 = -1
+        var highest: sqlite3_int64 = -1
+        XCTAssertEqual(sqlite3_status64(SQLITE_STATUS_MEMORY_USED, &current, &highest, 0), SQLITE_OK)
+        XCTAssertEqual(current, 0, "bytes counted in use")
+        XCTAssertEqual(highest, 0, "most bytes counted in use")
+    }
+
+    /// A batch's bodies go into `bodies` in their key's order (its rowids, given in the order rows are inserted,
+    /// show it), and its node rows in theirs: a B-tree filled in its order writes each page once.
+    func testABatchIsWrittenInItsRowsKeyOrder() throws {
+        let store = try openStore()
+        defer { store.close() }
+        let job = try create(store, 1, nodes: 200)
+        var positions = Array(1..<200)
+        positions.shuffle()
+        store.enqueue(
+            jobs: [], nodes: [],
+            bodies: positions.map { (jobID: job.id, nodeID: "root.\($0 - 1)", body: StoredBody(contentType: nil, bytes: [1])) })
+        try store.flush()
+        let raw = try SQLiteConnection(path: dbPath, create: false)
+        defer { raw.close() }
+        let rows = try raw.prepare("SELECT node_id FROM bodies ORDER BY rowid")
+        var inserted: [String] = []
+        while try rows.step() { inserted.append(rows.string(0) ?? "") }
+        rows.reset()
+        XCTAssertEqual(inserted.count, 199)
+        XCTAssertEqual(inserted, inserted.sorted(), "bodies inserted in node id order")
     }
 
     private func fileSize(_ path: String) throws -> Int {

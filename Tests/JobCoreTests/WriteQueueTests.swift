@@ -186,6 +186,30 @@ extension WriteQueueTests {
         XCTAssertTrue(pending.isEmpty)
     }
 
+    /// The writers take node and body changes in their rows' key order (job, then position or node id), whatever
+    /// order they came in.
+    func testPendingChangesAreTakenInTheirRowsKeyOrder() {
+        var positions = Array(0..<300)
+        positions.shuffle()
+        let jobs = ["J2", "J1", "J10"]
+        var pending = PendingChanges()
+        pending.merge(Changes(
+            jobs: [],
+            nodes: positions.flatMap { p in
+                jobs.map { NodeRecord(jobID: $0, id: "n\(p)", parent: nil, position: p, type: "fetch", state: .running) }
+            },
+            bodies: positions.flatMap { p in
+                jobs.map { (jobID: $0, nodeID: "n\(p)", body: StoredBody(contentType: nil, bytes: [UInt8(p & 0xFF)])) }
+            }))
+        let nodeKeys = pending.nodesInRowOrder.map { pending.nodes[$0].key }
+        XCTAssertEqual(nodeKeys.map(\.jobID), ["J1", "J10", "J2"].flatMap { Array(repeating: $0, count: 300) })
+        XCTAssertEqual(nodeKeys.map(\.position), Array((0..<3).map { _ in Array(0..<300) }.joined()))
+        let bodyKeys = pending.bodiesInRowOrder.map { pending.bodies[$0].key }
+        XCTAssertEqual(bodyKeys.count, 900)
+        XCTAssertEqual(bodyKeys.map(\.jobID), nodeKeys.map(\.jobID))
+        XCTAssertEqual(bodyKeys.map(\.nodeID), ["J1", "J10", "J2"].flatMap { _ in (0..<300).map { "n\($0)" }.sorted() })
+    }
+
     /// State changes held by an idle writer are written with what raises it: here urgent changes pushed after them.
     func testStateChangesHeldByAnIdleWriterGoWithTheUrgentChangesThatRaiseIt() throws {
         let me = try writerThread()

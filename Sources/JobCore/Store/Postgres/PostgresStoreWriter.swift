@@ -140,7 +140,8 @@ final class PostgresStoreWriter: StoreWriting, @unchecked Sendable {
             if let key = job.concurrencyKey, job.state != .running, job.dueAt == nil { txKeys.insert(key) }
         }
         var unstored: [(node: NodeRecord, jobID: String)] = []
-        for (key, node) in pending.nodes where !fenced.contains(node.jobID) {
+        for k in pending.nodesInRowOrder where !fenced.contains(pending.nodes[k].key.jobID) {
+            let (key, node) = pending.nodes[k]
             if pending.unstored.contains(key) {
                 unstored.append((node: node, jobID: node.jobID))
             } else {
@@ -149,7 +150,8 @@ final class PostgresStoreWriter: StoreWriting, @unchecked Sendable {
         }
         try insertNodes(unstored)
         try notifyChanged(touched.subtracting(fenced))
-        for change in pending.bodies.values where !fenced.contains(change.jobID) {
+        for k in pending.bodiesInRowOrder where !fenced.contains(pending.bodies[k].key.jobID) {
+            let change = pending.bodies[k].value
             try db.run(
                 prepared: "upsert_body", PGRows.upsertBody,
                 [.text(change.jobID), .text(change.nodeID), PGRows.text(change.body.contentType), .bytes(change.body.bytes)])
