@@ -149,12 +149,14 @@ class EngineTests: EngineTestCase {
             let child = #"{"type":"fetch","url":\#(u("/json"))}"#
             return #"{"graph":{"type":"list","children":["# + Array(repeating: child, count: n).joined(separator: ",") + "]}}"
         }
-        // The run's leaving is counted in a turn of the queue after it left.
+        // The run's leaving is counted once it is let go of, on the release queue, after a turn of the engine's.
         let small = try submitAndRetire(engine, list(1))
         engine.queue.sync {}
+        engine.releaseQueue.sync {}
         XCTAssertFalse(memory.isPending, "a run of two nodes")
         let large = try submitAndRetire(engine, list(2))
         engine.queue.sync {}
+        engine.releaseQueue.sync {}
         XCTAssertTrue(memory.waitFor(trims: 1, milliseconds: 10_000), "a run of three nodes")
 
         guard case .settled = try readJob(engine, small) else { return XCTFail("not the settled answer") }
@@ -164,6 +166,34 @@ class EngineTests: EngineTestCase {
         XCTAssertTrue(memory.waitFor(trims: 2, milliseconds: 10_000), "a large answer")
         guard case .shown = try nodeList(engine, large, includeResults: true) else { return XCTFail("not shown") }
         XCTAssertTrue(memory.waitFor(trims: 3, milliseconds: 10_000), "a large node list")
+    }
+
+    /// A run that left memory is freed on the engine's release queue, not on the store's writer or the engine's
+    /// queue, whichever let go of it last: a large run is millions of allocations, and both of those are waited on.
+    func testARunThatLeftMemoryIsFreedOnTheReleaseQueue() throws {
+        let engine = try makeEngine()
+        engine.releaseQueue.suspend()
+        var suspended = true
+        defer { if suspended { engine.releaseQueue.resume() } }
+        let child = #"{"type":"fetch","url":\#(u("/hang"))}"#
+        let id = try submit(engine, #"{"graph":{"type":"list","children":[\#(child),\#(child)]}}"#).id
+        weak let run = engine.queue.sync { engine.runs[id] }
+        XCTAssertNotNil(run, "the run in memory")
+        _ = try engine.answer("cancel \(id)") { done in engine.cancel(id: id) { done($0) } }.get()
+        var inMemory = true
+        for _ in 0..<100 where inMemory {
+            let committed = DispatchSemaphore(value: 0)
+            engine.store.whenCommitted { _ in committed.signal() }
+            XCTAssertEqual(committed.wait(timeout: .now() + 10), .success)
+            inMemory = engine.queue.sync { engine.runs[id] != nil }
+        }
+        XCTAssertFalse(inMemory, "the cancelled job never left memory")
+        engine.queue.sync {}
+        XCTAssertNotNil(run, "the run is held for the release queue")
+        engine.releaseQueue.resume()
+        suspended = false
+        engine.releaseQueue.sync {}
+        XCTAssertNil(run, "the run is freed on the release queue")
     }
 
     /// A large run that is running holds back the trim of what other work freed: it may take the pages up again.
