@@ -180,14 +180,7 @@ class EngineTests: EngineTestCase {
         weak let run = engine.queue.sync { engine.runs[id] }
         XCTAssertNotNil(run, "the run in memory")
         _ = try engine.answer("cancel \(id)") { done in engine.cancel(id: id) { done($0) } }.get()
-        var inMemory = true
-        for _ in 0..<100 where inMemory {
-            let committed = DispatchSemaphore(value: 0)
-            engine.store.whenCommitted { _ in committed.signal() }
-            XCTAssertEqual(committed.wait(timeout: .now() + 10), .success)
-            inMemory = engine.queue.sync { engine.runs[id] != nil }
-        }
-        XCTAssertFalse(inMemory, "the cancelled job never left memory")
+        waitUntilLeftMemory(engine, id)
         engine.queue.sync {}
         XCTAssertNotNil(run, "the run is held for the release queue")
         engine.releaseQueue.resume()
@@ -255,15 +248,20 @@ class EngineTests: EngineTestCase {
     private func submitAndRetire(_ engine: Engine, _ body: String) throws -> String {
         let id = try submit(engine, body).id
         XCTAssertEqual(try settled(engine, id).state, .succeeded)
+        waitUntilLeftMemory(engine, id)
+        return id
+    }
+
+    /// Waits, a commit at a time, until the settled job `id` has left the engine's memory.
+    private func waitUntilLeftMemory(_ engine: Engine, _ id: String, line: UInt = #line) {
         var inMemory = true
         for _ in 0..<100 where inMemory {
             let committed = DispatchSemaphore(value: 0)
             engine.store.whenCommitted { _ in committed.signal() }
-            XCTAssertEqual(committed.wait(timeout: .now() + 10), .success)
+            XCTAssertEqual(committed.wait(timeout: .now() + 10), .success, line: line)
             inMemory = engine.queue.sync { engine.runs[id] != nil }
         }
-        XCTAssertFalse(inMemory, "the settled job never left memory")
-        return id
+        XCTAssertFalse(inMemory, "the settled job never left memory", line: line)
     }
 
     func testAnswersOfLargeStoredJobsAreMadeOneAtATimeWithoutHoldingAThread() throws {
