@@ -859,8 +859,8 @@ struct PendingChanges {
     /// `nodes`' positions in the order of their rows' primary key, `(job_id, position)`, for the writers to write them
     /// in: a B-tree filled in its own order writes each page once. Written in the dictionary's order, which is
     /// random, the 100,000 node rows and bodies of a job that settles went to random pages of tables several times
-    /// the writer's page cache: 916–986 MiB written and 936–1,011 MiB read for that job, against 407–408 MiB and
-    /// 390–398 MiB in key order (docs/store.md, *Threads*).
+    /// the writer's page cache: 959 and 986 MiB written and 974 and 1,011 MiB read for that job, against 407–408 MiB
+    /// and 390–398 MiB in key order (docs/store.md, *Threads*).
     var nodesInRowOrder: [Dictionary<NodeKey, NodeRecord>.Index] {
         nodes.indices.sorted { nodes[$0].key.precedes(nodes[$1].key) }
     }
