@@ -149,13 +149,12 @@ class EngineTests: EngineTestCase {
             let child = #"{"type":"fetch","url":\#(u("/json"))}"#
             return #"{"graph":{"type":"list","children":["# + Array(repeating: child, count: n).joined(separator: ",") + "]}}"
         }
-        // The run's leaving is counted once it is let go of, on the release queue, after a turn of the engine's.
+        // The run's leaving is counted once it is let go of, on the release queue: the turn that forgot it, which
+        // `submitAndRetire` has seen end, queued that.
         let small = try submitAndRetire(engine, list(1))
-        engine.queue.sync {}
         engine.releaseQueue.sync {}
         XCTAssertFalse(memory.isPending, "a run of two nodes")
         let large = try submitAndRetire(engine, list(2))
-        engine.queue.sync {}
         engine.releaseQueue.sync {}
         XCTAssertTrue(memory.waitFor(trims: 1, milliseconds: 10_000), "a run of three nodes")
 
@@ -180,8 +179,8 @@ class EngineTests: EngineTestCase {
         weak let run = engine.queue.sync { engine.runs[id] }
         XCTAssertNotNil(run, "the run in memory")
         _ = try engine.answer("cancel \(id)") { done in engine.cancel(id: id) { done($0) } }.get()
+        // The turn that forgot the run, seen to end here, queued its release.
         waitUntilLeftMemory(engine, id)
-        engine.queue.sync {}
         XCTAssertNotNil(run, "the run is held for the release queue")
         engine.releaseQueue.resume()
         suspended = false

@@ -774,8 +774,9 @@ class SQLiteWALTests: StoreTestCase, @unchecked Sendable {  // @unchecked: as St
         XCTAssertEqual(highest, 0, "most bytes counted in use")
     }
 
-    /// A batch's bodies go into `bodies` in their key's order (its rowids, given in the order rows are inserted,
-    /// show it), and its node rows in theirs: a B-tree filled in its order writes each page once.
+    /// A batch's bodies go into `bodies` in their key's order, which its rowids, given in the order rows are
+    /// inserted, show: a B-tree filled in its order writes each page once. (The node rows' order, which nothing in
+    /// the file shows, is `WriteQueueTests.testPendingChangesAreTakenInTheirRowsKeyOrder`'s.)
     func testABatchIsWrittenInItsRowsKeyOrder() throws {
         let store = try openStore()
         defer { store.close() }
